@@ -1,0 +1,38 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+# torch is installed first from its pinned CPU build: a bare `torch` would pull a multi-GB CUDA build.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup run test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[test,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(VENV)/bin/dcanvas tui
+
+test: setup
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: setup
+	$(PY) -m pytest -m "slow" -q
+
+lint: setup
+	$(VENV)/bin/ruff check canvas kernels tui tests
+	$(VENV)/bin/mypy canvas kernels tui
+
+bench: setup
+	$(VENV)/bin/dcanvas bench model
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,71 @@
+"""The `dcanvas` command line: one entry point, subcommands registered lazily.
+
+Each subcommand lives with the module that owns it; this file only maps names to `module:function` so that
+`dcanvas --help` stays fast (no torch import) and a missing optional piece fails with a clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from canvas import __version__
+
+# name -> (module, register function, one-line help). The register function adds its arguments to a
+# subparser and sets `func` (called with the parsed namespace, returns an exit code).
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "info": ("canvas.model.cli", "register_info", "describe a model directory (config, parameters, speed)"),
+    "bench": ("canvas.bench", "register", "run a benchmark (model, engine, kernels, load)"),
+    "generate": ("canvas.generate_cli", "register", "generate text from a prompt"),
+    "serve": ("canvas.server", "register", "run the dcanvas/1 websocket server"),
+    "schema": ("canvas.protocol", "register", "print the JSON Schema of every dcanvas/1 message"),
+    "tui": ("tui.app", "register", "open the Textual editor"),
+    "data": ("canvas.training.data", "register", "build the training corpus and tokenizer"),
+    "train": ("canvas.training.train", "register", "train the default model"),
+    "eval": ("canvas.training.evaluate", "register", "evaluate a model (infill, continuation, AR)"),
+}
+
+
+def _available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dcanvas", description="diffusion-canvas: non-linear text generation")
+    parser.add_argument("--version", action="version", version=f"dcanvas {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = sys.argv[1] if len(sys.argv) > 1 else None
+    for name, (module, register, help_text) in SUBCOMMANDS.items():
+        try:
+            present = _available(module)
+        except ModuleNotFoundError:
+            present = False
+        if not present:
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Import only the module of the command being run; the others just show their help line.
+        if name == wanted:
+            fn: Callable[[argparse.ArgumentParser], None] = getattr(importlib.import_module(module), register)
+            fn(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:])
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    result = func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Textual editor for diffusion-canvas: edit, pin, mask and watch the canvas converge live."""
