@@ -21,7 +21,8 @@ def test_cli_help_and_version() -> None:
 
 
 def test_transformers_does_not_detect_our_kernels_package() -> None:
-    import kernels  # noqa: F401  (importable, and must not look like the HF hub `kernels` library)
     from transformers.utils.import_utils import is_kernels_available
+
+    import kernels  # noqa: F401  (importable, and must not look like the HF hub `kernels` library)
 
     assert not is_kernels_available()

@@ -1,0 +1,199 @@
+"""Weight I/O in the transformers layout: `config.json` + `model.safetensors` (or a sharded index).
+
+Loading reads tensors one at a time from memory-mapped safetensors straight into the parameters they belong to,
+so at most one extra tensor (the one being fused, e.g. q/k/v into one matrix) exists beside the model. The vision
+tower and `lm_head` (tied to the embeddings) are ignored. Shared weights are read from `model.decoder.*` (where
+transformers saves tied weights) or, failing that, `model.encoder.language_model.*`. Every failure names the file or
+tensor at fault. `save_pretrained` writes the layout transformers' `DiffusionGemmaForBlockDiffusion` loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from canvas.model.config import ModelConfig
+from canvas.model.model import DiffusionModel
+
+
+class WeightsError(ValueError):
+    """A model directory that cannot be loaded: missing file, wrong model type, missing or misshapen tensor."""
+
+
+def read_config(path: Path) -> ModelConfig:
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise WeightsError(f"{path}: no config.json (expected a DiffusionGemma model directory)")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise WeightsError(f"{cfg_file}: not valid JSON ({e})") from None
+    try:
+        return ModelConfig.from_hf_dict(raw)
+    except ValueError as e:
+        raise WeightsError(f"{cfg_file}: {e}") from None
+
+
+class _TensorSource:
+    """Name -> lazily read tensor over one or many safetensors files, tolerant to a missing `model.` prefix."""
+
+    def __init__(self, path: Path) -> None:
+        index = path / "model.safetensors.index.json"
+        single = path / "model.safetensors"
+        if index.is_file():
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        elif single.is_file():
+            files = ["model.safetensors"]
+        else:
+            raise WeightsError(f"{path}: no model.safetensors or model.safetensors.index.json")
+        self.handles = []
+        self.where: dict[str, int] = {}
+        for n, name in enumerate(files):
+            f = path / name
+            if not f.is_file():
+                raise WeightsError(f"{path}: shard {name} listed in the index is missing")
+            h = safe_open(str(f), framework="pt")
+            self.handles.append(h)
+            for key in h.keys():
+                self.where[key.removeprefix("model.")] = n
+                self.where.setdefault(key, n)
+        self._raw_names = {key.removeprefix("model."): key for h in self.handles for key in h.keys()}
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.where:
+            raise WeightsError(f"missing tensor {name!r}")
+        return self.handles[self.where[name]].get_tensor(self._raw_names.get(name, name))
+
+    def shared(self, suffix: str) -> torch.Tensor:
+        for prefix in ("decoder.", "encoder.language_model."):
+            if self.has(prefix + suffix):
+                return self.get(prefix + suffix)
+        raise WeightsError(f"missing tensor 'model.decoder.{suffix}' (nor under model.encoder.language_model.)")
+
+
+def _hf_names(model: DiffusionModel) -> Iterator[tuple[torch.Tensor, Callable[[_TensorSource], torch.Tensor], str]]:
+    """(destination, how to read it, HF name for messages) for every tensor of the model."""
+    cfg = model.config
+    yield model.embed, lambda s: s.shared("embed_tokens.weight"), "embed_tokens.weight"
+    yield model.norm, lambda s: s.shared("norm.weight"), "norm.weight"
+    sc = model.self_conditioning
+    p = "decoder.self_conditioning."
+    yield sc.pre_norm, lambda s: s.get(p + "pre_norm.weight"), p + "pre_norm.weight"
+    yield sc.gate_up, lambda s: torch.cat([s.get(p + "gate_proj.weight"), s.get(p + "up_proj.weight")]), p + "gate/up"
+    yield sc.down, lambda s: s.get(p + "down_proj.weight"), p + "down_proj.weight"
+    for i, layer in enumerate(model.layers):
+        lp = f"layers.{i}."
+        a = lp + "self_attn."
+
+        def qkv(s: _TensorSource, a: str = a, has_v: bool = cfg.layer_has_v_proj(i)) -> torch.Tensor:
+            parts = [s.shared(a + "q_proj.weight"), s.shared(a + "k_proj.weight")]
+            if has_v:
+                parts.append(s.shared(a + "v_proj.weight"))
+            return torch.cat(parts)
+
+        yield layer.attn.qkv, qkv, a + "q/k/v_proj"
+        for ours, theirs in (("o_proj", "o_proj.weight"), ("q_norm", "q_norm.weight"), ("k_norm", "k_norm.weight")):
+            yield getattr(layer.attn, ours), (lambda s, n=a + theirs: s.shared(n)), a + theirs
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                     "pre_feedforward_layernorm_2"):
+            yield getattr(layer, norm), (lambda s, n=lp + norm + ".weight": s.shared(n)), lp + norm
+        m = lp + "mlp."
+        yield layer.mlp_gate_up, (lambda s, m=m: torch.cat([s.shared(m + "gate_proj.weight"),
+                                                             s.shared(m + "up_proj.weight")])), m + "gate/up_proj"
+        yield layer.mlp_down, (lambda s, m=m: s.shared(m + "down_proj.weight")), m + "down_proj.weight"
+        for ours, theirs in (("router_proj", "router.proj.weight"), ("router_scale", "router.scale"),
+                             ("per_expert_scale", "router.per_expert_scale"),
+                             ("experts_gate_up", "experts.gate_up_proj"), ("experts_down", "experts.down_proj")):
+            yield getattr(layer, ours), (lambda s, n=lp + theirs: s.shared(n)), lp + theirs
+        yield layer.decoder_scalar, (lambda s, n=lp: s.get("decoder." + n + "layer_scalar")), lp + "layer_scalar"
+        yield (layer.encoder_scalar,
+               (lambda s, n=lp: s.get("encoder.language_model." + n + "layer_scalar")
+                if s.has("encoder.language_model." + n + "layer_scalar") else s.get("decoder." + n + "layer_scalar")),
+               "encoder." + lp + "layer_scalar")
+
+
+def load_pretrained(path: str | Path, *, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> DiffusionModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise WeightsError(f"{path}: not a directory")
+    cfg = read_config(path)
+    src = _TensorSource(path)
+    # Built on the target device without random init: every tensor is overwritten below.
+    with torch.device(device):
+        model = DiffusionModel(cfg, init=False).to(dtype=dtype)
+    with torch.no_grad():
+        for dest, read, name in _hf_names(model):
+            t = read(src)
+            if tuple(t.shape) != tuple(dest.shape):
+                raise WeightsError(f"tensor {name!r} has shape {tuple(t.shape)}, the config implies "
+                                   f"{tuple(dest.shape)}")
+            dest.copy_(t.to(dtype))
+            del t
+    return model.eval()
+
+
+def save_pretrained(model: DiffusionModel, path: str | Path) -> None:
+    """Write config.json, generation_config.json and model.safetensors in the transformers layout."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    out: dict[str, torch.Tensor] = {}
+
+    def put(name: str, t: torch.Tensor) -> None:
+        out["model." + name] = t.detach().to("cpu").contiguous()
+
+    put("decoder.embed_tokens.weight", model.embed)
+    put("decoder.norm.weight", model.norm)
+    sc = model.self_conditioning
+    gate, up = sc.gate_up.chunk(2)
+    put("decoder.self_conditioning.pre_norm.weight", sc.pre_norm)
+    put("decoder.self_conditioning.gate_proj.weight", gate)
+    put("decoder.self_conditioning.up_proj.weight", up)
+    put("decoder.self_conditioning.down_proj.weight", sc.down)
+    for i, layer in enumerate(model.layers):
+        lp = f"decoder.layers.{i}."
+        H, G, D = cfg.num_attention_heads, cfg.layer_kv_heads(i), cfg.layer_head_dim(i)
+        qkv = layer.attn.qkv
+        put(lp + "self_attn.q_proj.weight", qkv[: H * D])
+        put(lp + "self_attn.k_proj.weight", qkv[H * D : (H + G) * D])
+        if cfg.layer_has_v_proj(i):
+            put(lp + "self_attn.v_proj.weight", qkv[(H + G) * D :])
+        put(lp + "self_attn.o_proj.weight", layer.attn.o_proj)
+        put(lp + "self_attn.q_norm.weight", layer.attn.q_norm)
+        put(lp + "self_attn.k_norm.weight", layer.attn.k_norm)
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                     "pre_feedforward_layernorm_2"):
+            put(lp + norm + ".weight", getattr(layer, norm))
+        g, u = layer.mlp_gate_up.chunk(2)
+        put(lp + "mlp.gate_proj.weight", g)
+        put(lp + "mlp.up_proj.weight", u)
+        put(lp + "mlp.down_proj.weight", layer.mlp_down)
+        put(lp + "router.proj.weight", layer.router_proj)
+        put(lp + "router.scale", layer.router_scale)
+        put(lp + "router.per_expert_scale", layer.per_expert_scale)
+        put(lp + "experts.gate_up_proj", layer.experts_gate_up)
+        put(lp + "experts.down_proj", layer.experts_down)
+        put(lp + "layer_scalar", layer.decoder_scalar)
+        put(f"encoder.language_model.layers.{i}.layer_scalar", layer.encoder_scalar)
+    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    gen = {
+        "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "stability_threshold": 1,
+        "confidence_threshold": 0.005,
+        "sampler_config": {"entropy_bound": 0.1, "_cls_name": "EntropyBoundSamplerConfig"},
+        "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": list(cfg.eos_token_ids),
+    }
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")

@@ -1,0 +1,364 @@
+"""Our own DiffusionGemma text model: one set of weights run two ways, gpt-fast style.
+
+- `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
+  their window) and returns the AR next-token logits.
+- `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
+  (softmax of the previous step's logits @ embeddings through a gated MLP) when given.
+Each layer: attention (q/k norm, RoPE, scale 1, k-as-v on full layers) -> dense gated MLP beside routed experts
+(router with per-expert scale, top-k renormalised) -> layer scalar; embeddings tied, scaled by sqrt(hidden).
+Numerics follow `transformers/models/diffusion_gemma/modeling_diffusion_gemma.py` (v5.23.0) exactly; the parity
+tests in tests/canvas/model hold us to it. Weight I/O lives in `canvas.model.io`.
+
+Legend: B batch, T tokens in this pass, L canvas length, S cached positions, N = B*T, H heads, G KV heads,
+D head dim, M hidden size, V vocabulary, E experts, K experts per token.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from canvas.model.cache import KVCache
+from canvas.model.config import ModelConfig, RopeConfig
+from kernels.moe import fused_moe
+from kernels.rmsnorm import rms_norm, rms_norm_add
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
+    """Inverse frequencies, (D/2,). `proportional` rotates the first `partial * D / 2` pairs, the rest stay put."""
+    if rope.rope_type == "proportional":
+        n_rot = int(rope.partial_rotary_factor * head_dim // 2)
+        rotated = 1.0 / (rope.theta ** (torch.arange(0, 2 * n_rot, 2, dtype=torch.float) / head_dim))
+        return torch.cat([rotated, torch.zeros(head_dim // 2 - n_rot)])
+    dim = int(head_dim * rope.partial_rotary_factor)
+    return 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, T, H, D); cos/sin (B, T, 1, D) built as cat(freqs, freqs)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.layer_kv_heads(layer)
+        self.head_dim = cfg.layer_head_dim(layer)
+        self.sliding = cfg.is_sliding(layer)
+        self.window = cfg.sliding_window
+        self.has_v = cfg.layer_has_v_proj(layer)
+        self.eps = cfg.rms_norm_eps
+        M, H, G, D = cfg.hidden_size, self.n_heads, self.n_kv, self.head_dim
+        # q, k (and v on sliding layers) as one matmul: fewer, larger GEMMs.
+        self.qkv = nn.Parameter(torch.empty((H + G * (2 if self.has_v else 1)) * D, M))
+        self.o_proj = nn.Parameter(torch.empty(M, H * D))
+        self.q_norm = nn.Parameter(torch.ones(D))
+        self.k_norm = nn.Parameter(torch.ones(D))
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rope(layer), D), persistent=False)
+
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions (B, T) -> cos, sin (B, T, 1, D)."""
+        freqs = positions[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, M) -> q (B, H, T, D), k (B, G, T, D), v (B, G, T, D)."""
+        B, T, _ = x.shape
+        H, G, D = self.n_heads, self.n_kv, self.head_dim
+        qkv = F.linear(x, self.qkv)
+        q = qkv[..., : H * D].view(B, T, H, D)
+        k = qkv[..., H * D : (H + G) * D].view(B, T, G, D)
+        v = qkv[..., (H + G) * D :].view(B, T, G, D) if self.has_v else k
+        cos, sin = self.rope(positions, x.dtype)
+        q = apply_rope(rms_norm(q, self.q_norm, self.eps), cos, sin)
+        k = apply_rope(rms_norm(k, self.k_norm, self.eps), cos, sin)
+        v = rms_norm(v, None, self.eps)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q (B, H, T, D), k/v (B, G, S', D), mask broadcastable to (B, H, T, S') bool or None -> (B, T, H*D)."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=self.n_kv != self.n_heads)
+        B, _, T, _ = out.shape
+        return F.linear(out.transpose(1, 2).reshape(B, T, -1), self.o_proj)
+
+
+class Block(nn.Module):
+    """One transformer layer; `layer_scalar` differs between the encoder and the decoder (separate buffers
+    in the reference checkpoint), every weight is shared."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        M, F_, E, I_ = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.moe_intermediate_size
+        self.eps = cfg.rms_norm_eps
+        self.top_k = cfg.top_k_experts
+        self.attn = Attention(cfg, layer)
+        self.input_layernorm = nn.Parameter(torch.ones(M))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(M))
+        self.pre_feedforward_layernorm = nn.Parameter(torch.ones(M))
+        self.post_feedforward_layernorm = nn.Parameter(torch.ones(M))
+        self.post_feedforward_layernorm_1 = nn.Parameter(torch.ones(M))
+        self.post_feedforward_layernorm_2 = nn.Parameter(torch.ones(M))
+        self.pre_feedforward_layernorm_2 = nn.Parameter(torch.ones(M))
+        self.mlp_gate_up = nn.Parameter(torch.empty(2 * F_, M))  # gate rows first, then up
+        self.mlp_down = nn.Parameter(torch.empty(M, F_))
+        self.router_proj = nn.Parameter(torch.empty(E, M))
+        self.router_scale = nn.Parameter(torch.ones(M))
+        self.per_expert_scale = nn.Parameter(torch.ones(E))
+        self.experts_gate_up = nn.Parameter(torch.empty(E, 2 * I_, M))
+        self.experts_down = nn.Parameter(torch.empty(E, M, I_))
+        self.register_buffer("encoder_scalar", torch.ones(1))
+        self.register_buffer("decoder_scalar", torch.ones(1))
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (N, M) -> top-k weights (N, K) fp32 (renormalised, times per-expert scale), ids (N, K)."""
+        h = rms_norm(x, None, self.eps) * self.router_scale * (x.shape[-1] ** -0.5)
+        probs = torch.softmax(F.linear(h, self.router_proj), dim=-1, dtype=torch.float32)  # (N, E)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[ids], ids
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """Dense MLP and routed experts side by side, both on the post-attention residual stream. (B, T, M)."""
+        B, T, M = x.shape
+        h = rms_norm(x, self.pre_feedforward_layernorm, self.eps)
+        gate, up = F.linear(h, self.mlp_gate_up).chunk(2, dim=-1)
+        dense = F.linear(F.gelu(gate, approximate="tanh") * up, self.mlp_down)
+        flat = x.reshape(-1, M)
+        weights, ids = self.route(flat)
+        routed = fused_moe(rms_norm(flat, self.pre_feedforward_layernorm_2, self.eps), weights, ids,
+                           self.experts_gate_up, self.experts_down).view(B, T, M)
+        both = rms_norm(dense, self.post_feedforward_layernorm_1, self.eps) + rms_norm(
+            routed, self.post_feedforward_layernorm_2, self.eps)
+        return rms_norm_add(both, x, self.post_feedforward_layernorm, self.eps)
+
+    def forward(self, x: Tensor, attn_out: Tensor, scalar: Tensor) -> Tensor:
+        h = rms_norm_add(attn_out, x, self.post_attention_layernorm, self.eps)
+        return self.feed_forward(h) * scalar
+
+
+class SelfConditioning(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.pre_norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
+        self.down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
+
+    def forward(self, embeds: Tensor, soft: Tensor | None) -> Tensor:
+        """embeds (B, L, M) + gated MLP of the soft embeddings (B, L, M), then an unscaled RMSNorm."""
+        if soft is None:
+            # A zero signal passes the MLP as exactly zero (gelu(0) * 0 = 0): skip the work.
+            return rms_norm(embeds, None, self.eps)
+        h = rms_norm(soft, self.pre_norm, self.eps)
+        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
+        return rms_norm(embeds + F.linear(F.gelu(gate, approximate="tanh") * up, self.down), None, self.eps)
+
+
+class DiffusionModel(nn.Module):
+    """Encoder + denoiser sharing one set of weights. Construct from a config (random init) or load with
+    `DiffusionModel.from_pretrained(path)`; see the module docstring for the two passes."""
+
+    def __init__(self, config: ModelConfig, *, init: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.self_conditioning = SelfConditioning(config)
+        if init:
+            self.reset_parameters()
+
+    # ---- set-up -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Normal(0, std) matrices, unit norms and scales, as the reference initialiser does."""
+        for p in self.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std, generator=generator)
+            else:
+                p.fill_(1.0)
+        for layer in self.layers:
+            layer.encoder_scalar.fill_(1.0)
+            layer.decoder_scalar.fill_(1.0)
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> DiffusionModel:
+        from canvas.model.io import load_pretrained
+
+        return load_pretrained(path, device=device, dtype=dtype)
+
+    def save_pretrained(self, path: str) -> None:
+        from canvas.model.io import save_pretrained
+
+        save_pretrained(self, path)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        return KVCache.empty(self.config, batch_size, capacity, device=self.device, dtype=self.dtype)
+
+    # ---- shared pieces ----------------------------------------------------------------------------------------
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.embed) * torch.tensor(self.config.embed_scale, dtype=self.dtype)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Final norm, tied LM head, fp32 softcap. (B, T, M) -> (B, T, V) fp32."""
+        out = F.linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.embed).float()
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(out / cap) * cap if cap else out
+
+    # ---- encoder ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None,
+               *, logits: Literal["all", "last", "none"] = "all") -> tuple[Tensor | None, KVCache]:
+        """Causal pass over `input_ids` (B, T) appended to `cache` (a new one when None).
+
+        `attention_mask` (B, T) marks real tokens (left padding = False); positions are shared across the batch
+        and count padding, as in the reference. Returns the AR logits ((B, T, V), (B, 1, V) or None) and the cache.
+        """
+        return self.encode_with_grad(input_ids, attention_mask, cache, logits=logits)
+
+    def encode_with_grad(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                         cache: KVCache | None = None, *, logits: Literal["all", "last", "none"] = "all",
+                         return_hidden: bool = False) -> tuple[Tensor | None, KVCache]:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if T == 0:
+            raise ValueError("encode needs at least one token")
+        if cache is None:
+            cache = self.new_cache(B, T + self.config.canvas_length)
+        if cache.ragged:
+            raise ValueError("cannot encode into a ragged (stacked) cache; it is read-only")
+        if cache.batch_size != B:
+            raise ValueError(f"cache batch size {cache.batch_size} != input batch size {B}")
+        if cache.length + T > cache.capacity:
+            raise ValueError(f"cache holds {cache.length} of {cache.capacity} positions; {T} more do not fit")
+        dev = input_ids.device
+        valid = torch.ones(B, T, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+        start = cache.length
+        positions = torch.arange(start, start + T, device=dev).expand(B, T)
+        cache.key_valid[:, start : start + T] = valid
+        x = self.embed_tokens(input_ids)  # (B, T, M)
+
+        q_pos = torch.arange(start, start + T, device=dev)
+        full_keys_valid = cache.key_valid[:, : start + T]
+        full_mask = self._causal_mask(q_pos, torch.arange(start + T, device=dev), full_keys_valid, None)
+        n_tail = cache.sliding_len()
+        tail_pos = torch.arange(start - n_tail, start + T, device=dev)
+        sliding_mask = self._causal_mask(q_pos, tail_pos, cache.key_valid[:, start - n_tail : start + T],
+                                         self.config.sliding_window)
+        for i, layer in enumerate(self.layers):
+            attn = layer.attn
+            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+            lkv = cache.layers[i]
+            if lkv.sliding:
+                keys = torch.cat([lkv.k[:, :, :n_tail], k], dim=2)
+                vals = torch.cat([lkv.v[:, :, :n_tail], v], dim=2)
+                a = attn.attend(q, keys, vals, sliding_mask)
+                keep = min(keys.shape[2], lkv.k.shape[2])
+                lkv.k[:, :, :keep] = keys[:, :, -keep:].detach()
+                lkv.v[:, :, :keep] = vals[:, :, -keep:].detach()
+            else:
+                lkv.k[:, :, start : start + T] = k.detach()
+                lkv.v[:, :, start : start + T] = v.detach()
+                if torch.is_grad_enabled():  # training: attend over the graph-connected keys
+                    keys = torch.cat([lkv.k[:, :, :start], k], dim=2)
+                    vals = torch.cat([lkv.v[:, :, :start], v], dim=2)
+                else:
+                    keys, vals = lkv.k[:, :, : start + T], lkv.v[:, :, : start + T]
+                a = attn.attend(q, keys, vals, full_mask)
+            x = layer(x, a, layer.encoder_scalar)
+        cache.length = start + T
+        cache.row_length.fill_(cache.length)
+        cache.next_pos = torch.full((B,), cache.length, dtype=torch.long, device=dev)
+        if return_hidden:
+            return x, cache
+        if logits == "none":
+            return None, cache
+        return self.logits(x if logits == "all" else x[:, -1:]), cache
+
+    @staticmethod
+    def _causal_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, window: int | None) -> Tensor:
+        """(B, 1, T, S) bool: key at or before the query, inside the window, not padding. A query whose row would
+        be empty (a padding token with only padding before it) may see itself, so no row is all-masked."""
+        allowed = k_pos[None, :] <= q_pos[:, None]  # (T, S)
+        if window is not None:
+            allowed &= k_pos[None, :] > q_pos[:, None] - window
+        mask = allowed[None] & k_valid[:, None, :]  # (B, T, S)
+        mask |= (k_pos[None, :] == q_pos[:, None])[None]
+        return mask[:, None]
+
+    # ---- decoder ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def denoise(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
+                *, soft_embeddings: Tensor | None = None) -> Tensor:
+        """Bidirectional pass over a canvas (B, L) reading `cache`; returns softcapped fp32 logits (B, L, V).
+
+        Self-conditioning comes from the previous step's processed logits (B, L, V), or directly as their soft
+        embeddings (B, L, M) when the caller computed them (the fused kernel path)."""
+        return self.denoise_with_grad(canvas_ids, cache, self_conditioning_logits, soft_embeddings=soft_embeddings)
+
+    def soft_embeddings(self, self_conditioning_logits: Tensor) -> Tensor:
+        """softmax(logits) @ embeddings * sqrt(M): (B, L, V) -> (B, L, M)."""
+        B, L, V = self_conditioning_logits.shape
+        try:
+            from kernels.soft_embed import soft_embedding
+        except ImportError:  # TEMP until the kernel lands
+            def soft_embedding(lg, emb, scale):  # type: ignore
+                return (torch.softmax(lg.float(), -1) @ emb) * scale
+        soft = soft_embedding(self_conditioning_logits.reshape(B * L, V), self.embed, scale=self.config.embed_scale)
+        return soft.view(B, L, -1)
+
+    def denoise_with_grad(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
+                          *, soft_embeddings: Tensor | None = None, sc_row_mask: Tensor | None = None,
+                          return_hidden: bool = False) -> Tensor:
+        if canvas_ids.dim() != 2:
+            raise ValueError(f"canvas_ids must be (batch, canvas_length), got shape {tuple(canvas_ids.shape)}")
+        B, L = canvas_ids.shape
+        if cache.batch_size != B:
+            raise ValueError(f"cache batch size {cache.batch_size} != canvas batch size {B}")
+        if self_conditioning_logits is not None and soft_embeddings is None:
+            soft_embeddings = self.soft_embeddings(self_conditioning_logits)
+        if soft_embeddings is not None and sc_row_mask is not None:
+            soft_embeddings = soft_embeddings * sc_row_mask.to(soft_embeddings.dtype)[:, None, None]
+        x = self.self_conditioning(self.embed_tokens(canvas_ids), soft_embeddings)  # (B, L, M)
+        dev = canvas_ids.device
+        positions = cache.next_pos[:, None] + torch.arange(L, device=dev)  # (B, L)
+        masks: dict[bool, Tensor | None] = {}
+        for sliding in (False, True):
+            layer_idx = next((i for i, lk in enumerate(cache.layers) if lk.sliding == sliding), None)
+            if layer_idx is None:
+                continue
+            kv_valid = cache.valid_for(layer_idx)  # (B, S)
+            if bool(kv_valid.all()):
+                masks[sliding] = None  # no padding: plain bidirectional attention over cache + canvas
+            else:
+                canvas_valid = torch.ones(B, L, dtype=torch.bool, device=dev)
+                masks[sliding] = torch.cat([kv_valid, canvas_valid], dim=1)[:, None, None, :]
+        for i, layer in enumerate(self.layers):
+            attn = layer.attn
+            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+            ck, cv = cache.read(i)
+            if ck.shape[2]:
+                k, v = torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)
+            a = attn.attend(q, k, v, masks[cache.layers[i].sliding])
+            x = layer(x, a, layer.decoder_scalar)
+        if return_hidden:
+            return x
+        return self.logits(x)

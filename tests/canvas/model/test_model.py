@@ -1,0 +1,63 @@
+"""Model behaviour beyond parity: cache reuse, ragged batching, input validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from canvas.model import DiffusionModel, KVCache, ModelConfig
+
+
+@pytest.fixture(scope="module")
+def model() -> DiffusionModel:
+    torch.manual_seed(0)
+    return DiffusionModel(ModelConfig.from_name("tiny")).eval()
+
+
+def test_stacked_ragged_cache_matches_rows(model: DiffusionModel) -> None:
+    """A batched decoder step over caches of different lengths equals the rows run one by one."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(1)
+    lengths = [3, cfg.sliding_window + 5, 9]
+    caches = []
+    for n in lengths:
+        _, c = model.encode(torch.randint(3, cfg.vocab_size, (1, n), generator=g), logits="none")
+        caches.append(c)
+    canvas = torch.randint(0, cfg.vocab_size, (3, cfg.canvas_length), generator=g)
+    sc = torch.randn(3, cfg.canvas_length, cfg.vocab_size, generator=g)
+    batched = model.denoise(canvas, KVCache.stack(caches), sc)
+    for b, c in enumerate(caches):
+        single = model.denoise(canvas[b : b + 1], c, sc[b : b + 1])
+        torch.testing.assert_close(batched[b : b + 1], single, rtol=1e-4, atol=1e-4)
+
+
+def test_encode_last_logits_equal_all(model: DiffusionModel) -> None:
+    ids = torch.randint(3, model.config.vocab_size, (2, 7))
+    all_logits, _ = model.encode(ids)
+    last, _ = model.encode(ids, logits="last")
+    torch.testing.assert_close(all_logits[:, -1:], last)
+
+
+def test_cache_is_read_only_for_denoise(model: DiffusionModel) -> None:
+    _, cache = model.encode(torch.randint(3, model.config.vocab_size, (1, 5)), logits="none")
+    before = [(lk.k.clone(), lk.v.clone()) for lk in cache.layers]
+    model.denoise(torch.randint(0, model.config.vocab_size, (1, model.config.canvas_length)), cache)
+    for (k, v), lk in zip(before, cache.layers, strict=True):
+        assert torch.equal(k, lk.k) and torch.equal(v, lk.v)
+    assert cache.length == 5
+
+
+def test_input_validation(model: DiffusionModel) -> None:
+    with pytest.raises(ValueError, match="at least one token"):
+        model.encode(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\(batch, tokens\)"):
+        model.encode(torch.zeros(4, dtype=torch.long))
+    cache = model.new_cache(1, 4)
+    with pytest.raises(ValueError, match="do not fit"):
+        model.encode(torch.ones(1, 5, dtype=torch.long), cache=cache)
+    _, c1 = model.encode(torch.ones(1, 3, dtype=torch.long), logits="none")
+    stacked = KVCache.stack([c1, c1])
+    with pytest.raises(ValueError, match="read-only"):
+        model.encode(torch.ones(2, 1, dtype=torch.long), cache=stacked)
+    with pytest.raises(ValueError, match="batch size"):
+        model.denoise(torch.ones(2, model.config.canvas_length, dtype=torch.long), c1)
