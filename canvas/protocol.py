@@ -154,6 +154,13 @@ class ProtocolError(Exception):
 # (importing it must not import torch); the lookup walks the exception's MRO, so subclasses inherit their code.
 EXCEPTION_CODES: dict[str, ErrorCode] = {
     "canvas.store.DocumentNotFound": ErrorCode.NOT_FOUND,
+    "canvas.document.errors.RangeError": ErrorCode.INVALID_PARAMS,
+    "canvas.document.errors.TokenizationError": ErrorCode.INVALID_PARAMS,
+    "canvas.document.errors.WindowError": ErrorCode.CONFLICT,
+    "canvas.document.errors.HistoryError": ErrorCode.CONFLICT,
+    "canvas.document.errors.CanvasFullError": ErrorCode.TOO_LARGE,
+    "canvas.document.errors.StaleVersionError": ErrorCode.STALE_VERSION,
+    # ProposalError and StateError mean a bug or a corrupt store, not a bad request: they stay `internal`.
 }
 
 
@@ -469,10 +476,11 @@ class Window(_Range):
 
 
 class Span(_Range):
-    """A run of the window: `pinned` text the model keeps, or `free` slots it generates (`tokens` of them)."""
+    """A run of window text: `pinned` text the model keeps, or `free` text it rewrites. `slots` is the number of
+    canvas slots the run takes; a gap is a zero-width free span (`start == end`) with `slots` new tokens."""
 
     kind: Literal["pinned", "free"]
-    tokens: Annotated[int, Field(ge=0)] | None = None
+    slots: Annotated[int, Field(ge=0)] = 0
 
 
 class DocState(_Reply):
@@ -616,7 +624,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _describe(err: ValidationError) -> str:
+def describe_error(err: ValidationError) -> str:
     parts = []
     for e in err.errors(include_url=False)[:5]:
         # Discriminated unions put the tag in the path (`ops.0.replace.start`); the tag is noise to a reader.
@@ -676,7 +684,7 @@ def parse_client_message(raw: str | bytes, limits: ServerLimits | None = None) -
             raise ProtocolError(
                 ErrorCode.INVALID_MESSAGE, "frame holds a string that is not valid Unicode", re
             ) from None
-        raise ProtocolError(ErrorCode.INVALID_PARAMS, f"{kind}: {_describe(e)}", re) from None
+        raise ProtocolError(ErrorCode.INVALID_PARAMS, f"{kind}: {describe_error(e)}", re) from None
 
 
 def parse_server_message(raw: str | bytes) -> ServerReply:
@@ -688,7 +696,7 @@ def parse_server_message(raw: str | bytes) -> ServerReply:
     try:
         return SERVER_MESSAGES[kind].model_validate_json(json.dumps(obj))
     except ValidationError as e:
-        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"{kind}: {_describe(e)}") from None
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"{kind}: {describe_error(e)}") from None
 
 
 def parse_op(obj: dict[str, Any] | BaseModel) -> EditOp:
@@ -698,7 +706,7 @@ def parse_op(obj: dict[str, Any] | BaseModel) -> EditOp:
     try:
         return EDIT_OP.validate_json(json.dumps(obj))
     except (TypeError, ValueError) as e:
-        detail = _describe(e) if isinstance(e, ValidationError) else str(e)
+        detail = describe_error(e) if isinstance(e, ValidationError) else str(e)
         raise ProtocolError(ErrorCode.INVALID_PARAMS, f"op: {detail}") from None
 
 

@@ -313,7 +313,7 @@ def test_server_messages_round_trip() -> None:
             v=3,
             text="héllo wörld",
             window=p.Window(start=0, end=11),
-            spans=[p.Span(kind="pinned", start=0, end=5), p.Span(kind="free", start=5, end=5, tokens=8)],
+            spans=[p.Span(kind="pinned", start=0, end=5), p.Span(kind="free", start=5, end=5, slots=8)],
             can_undo=True,
             gen="g2",
         ),  # fmt: skip
@@ -429,3 +429,40 @@ def test_random_frames_parse_or_fail_typed(kind: str, body: dict[str, Any]) -> N
         assert isinstance(e.code, ErrorCode) and e.message
     else:
         assert p.parse_client_message(p.dump(msg)) == msg
+
+
+# -- the plugin authors' page ----------------------------------------------------------------------------------
+
+
+def test_docs_example_session_is_valid() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    block = page.split("## Example session", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    sent: list[p.ClientRequest] = []
+    received: list[p.ServerReply] = []
+    refused: dict[Any, ProtocolError] = {}
+    for line in block.strip().splitlines():
+        if line.startswith("> "):
+            try:
+                sent.append(p.parse_client_message(line[2:]))
+            except ProtocolError as e:  # the example shows a malformed request: its reply must be this error
+                refused[json.loads(line[2:])["id"]] = e
+        elif line.startswith("< "):
+            received.append(p.parse_server_message(line[2:]))
+        else:
+            assert line.startswith("#"), line
+    assert {m.type for m in sent} >= {"hello", "doc.open", "doc.edit", "gen.start", "proposal.accept"}  # type: ignore[attr-defined]
+    # Every request has exactly one direct reply with its id, in order; events carry the gen.start id.
+    replies = [m for m in received if not isinstance(m, p.GenProgress | p.GenDone)]
+    assert sorted(m.re for m in replies) == sorted([m.id for m in sent] + list(refused))  # type: ignore[type-var]
+    for reply in replies:
+        if reply.re in refused:
+            assert isinstance(reply, p.ErrorReply)
+            assert (reply.code, reply.message) == (refused[reply.re].code, refused[reply.re].message)
+    assert {m.re for m in received if isinstance(m, p.GenProgress | p.GenDone)} == {4}
+    welcome = received[0]
+    assert isinstance(welcome, p.Welcome) and welcome.limits == ServerLimits().to_wire()
+    # The error codes table on the page lists every code.
+    for code in ErrorCode:
+        assert f"| `{code.value}` |" in page
