@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 __all__ = [
     "HAS_TRITON",
     "ENV_VAR",
+    "cdiv",
+    "dot_in_fp32",
     "Impl",
     "KernelUnavailableError",
     "interpreter_active",
@@ -134,6 +136,21 @@ def interpreter_active() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(tl.sum, InterpretedFunction)
+
+
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """Whether kernels should upcast `tl.dot` operands to fp32 and ask for IEEE precision.
+
+    True for fp32 inputs (so Ampere+ GPUs do not silently use TF32) and whenever the interpreter runs: its `tl.dot`
+    multiplies the raw 16-bit patterns of bf16 operands (triton 3.9 `InterpreterBuilder.create_dot`). Products of
+    bf16/fp16 values are exact in fp32, so the upcast computes what tensor cores compute, up to summation order.
+    """
+    return dtype == torch.float32 or interpreter_active()
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for launch grids."""
+    return -(-a // b)
 
 
 def next_power_of_2(n: int) -> int:

@@ -21,9 +21,19 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import Impl, KernelUnavailableError, resolve_impl
+from kernels._triton import Impl, dot_in_fp32, jit, resolve_impl, tl
+from kernels._triton import cdiv as triton_cdiv
 
-__all__ = ["MoeAlignment", "fused_moe", "fused_moe_ref", "moe_align_block_size", "validate_moe_inputs"]
+__all__ = [
+    "MoeAlignment",
+    "MoeTiles",
+    "default_tiles",
+    "fused_moe",
+    "fused_moe_ref",
+    "fused_moe_triton",
+    "moe_align_block_size",
+    "validate_moe_inputs",
+]
 
 
 def validate_moe_inputs(
@@ -154,16 +164,236 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
     return MoeAlignment(sorted_token_ids, expert_ids, padded_end[-1:].clone())
 
 
+@jit
+def _moe_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    a_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_padded_ptr,
+    num_pairs,
+    top_k,
+    hidden,
+    inter,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_ap,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Grouped GEMM x @ w_gate_up[e].T with the GELU-tanh gate fused: a[p] = gelu_tanh(x[t] @ Wg.T) * (x[t] @ Wu.T).
+
+    x (T, D) rows strided, unit stride in D; w (E, 2I, D) unit stride in D; a (P, I) written at row p = t*K + k.
+    DOT_FP32: upcast both dot operands and use IEEE fp32 (see `kernels._triton.dot_in_fp32`).
+    One program per (tile of BLOCK_M sorted pairs, BLOCK_N columns of I). Gate and up columns are the same
+    offsets n and I + n, so one program owns both halves and applies the gate in registers (fp32).
+    Padding pairs (id == P) load zeros and are not stored; tiles past num_tokens_post_padded exit at once.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    num_n = tl.cdiv(inter, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    pair = tl.load(sorted_ids_ptr + offs_m)  # (BM,) the buffer is a whole number of tiles long
+    valid = pair < num_pairs
+    token = pair // top_k
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    n_mask = offs_n < inter
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    x_ptrs = x_ptr + token[:, None] * stride_xt + offs_k[None, :]  # (BM, BK)
+    wg_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # (BK, BN)
+    wu_ptrs = wg_ptrs + inter * stride_wn
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k_mask = offs_k < hidden - k0
+        xa = tl.load(x_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
+        wg = tl.load(wg_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        wu = tl.load(wu_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if DOT_FP32:
+            xa = xa.to(tl.float32)
+            acc_gate = tl.dot(xa, wg.to(tl.float32), acc_gate, input_precision="ieee")
+            acc_up = tl.dot(xa, wu.to(tl.float32), acc_up, input_precision="ieee")
+        else:
+            acc_gate = tl.dot(xa, wg, acc_gate)
+            acc_up = tl.dot(xa, wu, acc_up)
+        x_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+        wu_ptrs += BLOCK_K
+    # gelu_tanh(g) = 0.5 g (1 + tanh(z)), z = sqrt(2/pi) (g + 0.044715 g^3). tl has no portable tanh; with
+    # e = exp(-2|z|) in (0, 1], tanh(|z|) = (1 - e) / (1 + e) never overflows, then the sign is restored.
+    z = 0.7978845608028654 * (acc_gate + 0.044715 * acc_gate * acc_gate * acc_gate)
+    e2 = tl.exp(-2.0 * tl.abs(z))
+    tanh_abs = (1.0 - e2) / (1.0 + e2)
+    tanh_z = tl.where(z >= 0, tanh_abs, -tanh_abs)
+    act = 0.5 * acc_gate * (1.0 + tanh_z) * acc_up
+    a_ptrs = a_ptr + pair[:, None] * stride_ap + offs_n[None, :]
+    tl.store(a_ptrs, act.to(a_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+
+@jit
+def _moe_down_kernel(
+    a_ptr,
+    w_ptr,
+    y_ptr,
+    topk_w_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_post_padded_ptr,
+    num_pairs,
+    hidden,
+    inter,
+    stride_ap,
+    stride_we,
+    stride_wn,
+    stride_yp,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Grouped GEMM y[p] = topk_weight[p] * (a[p] @ w_down[e].T), the routing weight applied to the fp32 accumulator.
+
+    a (P, I) unit stride in I; w (E, D, I) unit stride in I; topk_w (P,) contiguous; y (P, D) fp32 written at row p.
+    One program per (tile of BLOCK_M sorted pairs, BLOCK_N columns of D); padding as in `_moe_gate_up_kernel`.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    num_n = tl.cdiv(hidden, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    if pid_m * BLOCK_M >= tl.load(num_post_padded_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    pair = tl.load(sorted_ids_ptr + offs_m)
+    valid = pair < num_pairs
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    n_mask = offs_n < hidden
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    a_ptrs = a_ptr + pair[:, None] * stride_ap + offs_k[None, :]  # (BM, BK)
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # (BK, BN)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        k_mask = offs_k < inter - k0
+        av = tl.load(a_ptrs, mask=valid[:, None] & k_mask[None, :], other=0.0)
+        wv = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if DOT_FP32:
+            acc = tl.dot(av.to(tl.float32), wv.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(av, wv, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    route_w = tl.load(topk_w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    acc = acc * route_w[:, None]
+    y_ptrs = y_ptr + pair[:, None] * stride_yp + offs_n[None, :]
+    tl.store(y_ptrs, acc, mask=valid[:, None] & n_mask[None, :])
+
+
+class MoeTiles(NamedTuple):
+    """Tile sizes for the two grouped GEMMs (all powers of two, >= 16 as `tl.dot` requires)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def default_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
+    """Pick BLOCK_M from the mean pairs per expert: small tiles waste less padding when experts get few tokens."""
+    mean = num_pairs / num_experts
+    block_m = 16 if mean <= 16 else (32 if mean <= 48 else 64)
+    return MoeTiles(block_m=block_m, block_n=64, block_k=64, num_warps=4, num_stages=3)
+
+
 def fused_moe_triton(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
+    *,
+    tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
-    """Triton launcher (kernels land in the next commit; until then the Triton path is unavailable)."""
-    validate_moe_inputs(hidden_states, topk_weights, topk_ids, w_gate_up, w_down)
-    raise KernelUnavailableError("the Triton fused MoE kernel is not on main yet; use impl='ref'")
+    """Triton launcher: align -> gate_up+GELU kernel -> down*weight kernel -> sum over K. Raises ValueError on bad
+    input (out-of-range expert ids are not checked here: that would cost a host sync; `moe_align_block_size`'s
+    scatter rejects them). Intermediates: a (P, I) in the input dtype, y (P, D) fp32.
+    """
+    t, d, k, e, i = validate_moe_inputs(hidden_states, topk_weights, topk_ids, w_gate_up, w_down)
+    if hidden_states.stride(-1) != 1:
+        raise ValueError("hidden_states must have unit stride in its last dim")
+    if tiles is None:
+        tiles = default_tiles(t * k, e)
+    for name in ("block_m", "block_n", "block_k"):
+        size = getattr(tiles, name)
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"tiles.{name} must be a power of two >= 16, got {size}")
+    out_dtype = hidden_states.dtype
+    if t == 0:
+        return torch.zeros(0, d, dtype=out_dtype, device=hidden_states.device)
+    w_gate_up = w_gate_up.contiguous()  # no-ops for parameters; the kernels assume unit stride in the reduced dim
+    w_down = w_down.contiguous()
+    p = t * k
+    align = moe_align_block_size(topk_ids, tiles.block_m, e)
+    num_m_tiles = align.sorted_token_ids.numel() // tiles.block_m
+    dot_fp32 = dot_in_fp32(out_dtype)
+    act = torch.empty(p, i, dtype=out_dtype, device=hidden_states.device)  # (P, I)
+    _moe_gate_up_kernel[(num_m_tiles * triton_cdiv(i, tiles.block_n),)](
+        hidden_states,
+        w_gate_up,
+        act,
+        align.sorted_token_ids,
+        align.expert_ids,
+        align.num_tokens_post_padded,
+        p,
+        k,
+        d,
+        i,
+        hidden_states.stride(0),
+        w_gate_up.stride(0),
+        w_gate_up.stride(1),
+        act.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        DOT_FP32=dot_fp32,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        enable_fp_fusion=True,  # explicit: triton 3.9 warns when the default is left implicit
+    )
+    route_w = topk_weights.reshape(-1).float().contiguous()  # (P,)
+    y = torch.empty(p, d, dtype=torch.float32, device=hidden_states.device)  # (P, D)
+    _moe_down_kernel[(num_m_tiles * triton_cdiv(d, tiles.block_n),)](
+        act,
+        w_down,
+        y,
+        route_w,
+        align.sorted_token_ids,
+        align.expert_ids,
+        align.num_tokens_post_padded,
+        p,
+        d,
+        i,
+        act.stride(0),
+        w_down.stride(0),
+        w_down.stride(1),
+        y.stride(0),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        DOT_FP32=dot_fp32,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        enable_fp_fusion=True,  # explicit: triton 3.9 warns when the default is left implicit
+    )
+    return y.view(t, k, d).sum(dim=1).to(out_dtype)  # (T, D): combine the K slots of each token
 
 
 def fused_moe(

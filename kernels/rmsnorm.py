@@ -130,6 +130,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, residual: torch.Tensor
         HAS_RESIDUAL=residual is not None,
         BLOCK_D=block_d,
         num_warps=num_warps,
+        enable_fp_fusion=True,  # explicit: triton 3.9 warns when the default is left implicit
     )
     return out.reshape(x.shape)
 
