@@ -16,12 +16,13 @@ P = T*K (token, slot) pairs, S = padded length of the sorted pair list, B = S / 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import Impl, dot_in_fp32, jit, resolve_impl, tl
+from kernels._triton import Impl, dot_in_fp32, jit, next_power_of_2, resolve_impl, tl
 from kernels._triton import cdiv as triton_cdiv
 
 __all__ = [
@@ -131,18 +132,11 @@ class MoeAlignment(NamedTuple):
     num_tokens_post_padded: torch.Tensor
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> MoeAlignment:
-    """Sort (token, slot) pairs by expert and pad each expert's run to a multiple of block_m (see MoeAlignment).
+def _moe_align_torch(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> MoeAlignment:
+    """Torch version of `moe_align_block_size` (stable order inside each expert run, ~25 small launches).
 
-    topk_ids (T, K) int in [0, E). Runs on the device of topk_ids with torch ops only, no host sync; ids out of
-    range raise (CPU) or trip a device assert (CUDA) in the scatter below.
+    Ids out of range raise (CPU) or trip a device assert (CUDA) in the scatter below.
     """
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids must be (T, K), got shape {tuple(topk_ids.shape)}")
-    if block_m < 1:
-        raise ValueError(f"block_m must be >= 1, got {block_m}")
-    if num_experts < 1:
-        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()  # (P,)
     p = flat.numel()
@@ -155,13 +149,128 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
     sorted_expert = flat[order]
     rank = torch.arange(p, device=dev) - count_start[sorted_expert]  # position inside the expert's run
     dest = padded_start[sorted_expert] + rank
-    bound = p + min(num_experts, p) * (block_m - 1)
-    s = (bound + block_m - 1) // block_m * block_m
+    s = _padded_slots(p, block_m, num_experts)
     sorted_token_ids = torch.full((s,), p, dtype=torch.long, device=dev)
     sorted_token_ids[dest] = order
     tile_start = torch.arange(0, s, block_m, device=dev)  # (B,)
     expert_ids = torch.searchsorted(padded_end, tile_start, right=True)  # E for tiles past the real ones
     return MoeAlignment(sorted_token_ids, expert_ids, padded_end[-1:].clone())
+
+
+@jit
+def _moe_align_kernel(
+    ids_ptr,
+    sorted_ptr,
+    expert_ids_ptr,
+    num_post_ptr,
+    cursor_ptr,
+    num_pairs,
+    num_experts,
+    num_tiles,
+    num_slots,
+    BLOCK_M: tl.constexpr,
+    NUM_BINS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Single program: histogram of expert ids -> padded run starts -> tile experts -> scatter pair ids.
+
+    ids (P,) int; sorted (S,) int64, expert_ids (B,) int64, num_post (1,) int64 are outputs; cursor (NUM_BINS,) int32
+    is scratch. NUM_BINS is a power of two >= E. Ids outside [0, E) are dropped (masked), never used as addresses.
+    Positions inside an expert's run come from atomic increments, so their order is unspecified.
+    """
+    bins = tl.arange(0, NUM_BINS)
+    counts = tl.zeros((NUM_BINS,), tl.int32)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P).to(tl.int64)
+        in_range = offs < num_pairs
+        e = tl.load(ids_ptr + offs, mask=in_range, other=0).to(tl.int32)
+        valid = in_range & (e >= 0) & (e < num_experts)
+        counts += tl.histogram(tl.where(valid, e, 0), NUM_BINS, mask=valid)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # (NUM_BINS,)
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + bins, ends - padded)
+    total = tl.sum(padded, axis=0)
+    tl.store(num_post_ptr, total.to(tl.int64))
+    for t0 in range(0, num_tiles, BLOCK_T):
+        tiles = t0 + tl.arange(0, BLOCK_T)
+        tile_start = tiles * BLOCK_M
+        # the expert of a tile is the number of runs that end at or before its first slot (searchsorted, right)
+        expert = tl.sum((ends[None, :] <= tile_start[:, None]).to(tl.int32), axis=1)
+        expert = tl.where(tile_start < total, expert, num_experts)
+        tl.store(expert_ids_ptr + tiles, expert.to(tl.int64), mask=tiles < num_tiles)
+    for s0 in range(0, num_slots, BLOCK_P):
+        offs = s0 + tl.arange(0, BLOCK_P).to(tl.int64)
+        tl.store(sorted_ptr + offs, tl.full((BLOCK_P,), num_pairs, tl.int64), mask=offs < num_slots)
+    tl.debug_barrier()  # sentinel fill and cursor starts must land before the scatter below
+    for p0 in range(0, num_pairs, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P).to(tl.int64)
+        in_range = offs < num_pairs
+        e = tl.load(ids_ptr + offs, mask=in_range, other=0).to(tl.int32)
+        valid = in_range & (e >= 0) & (e < num_experts)
+        dest = tl.atomic_add(cursor_ptr + tl.where(valid, e, 0), 1, mask=valid)
+        tl.store(sorted_ptr + dest, offs, mask=valid)
+
+
+def _moe_align_triton(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> MoeAlignment:
+    flat = topk_ids.reshape(-1)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    p = flat.numel()
+    dev = flat.device
+    s = _padded_slots(p, block_m, num_experts)
+    num_tiles = s // block_m
+    num_bins = next_power_of_2(num_experts)
+    sorted_ids = torch.empty(s, dtype=torch.long, device=dev)
+    expert_ids = torch.empty(num_tiles, dtype=torch.long, device=dev)
+    num_post = torch.empty(1, dtype=torch.long, device=dev)
+    cursor = torch.empty(num_bins, dtype=torch.int32, device=dev)
+    _moe_align_kernel[(1,)](
+        flat,
+        sorted_ids,
+        expert_ids,
+        num_post,
+        cursor,
+        p,
+        num_experts,
+        num_tiles,
+        s,
+        BLOCK_M=block_m,
+        NUM_BINS=num_bins,
+        BLOCK_P=1024,
+        BLOCK_T=max(16, 8192 // num_bins),
+        num_warps=4,
+        enable_fp_fusion=True,  # explicit: triton 3.9 warns when the default is left implicit
+    )
+    return MoeAlignment(sorted_ids, expert_ids, num_post)
+
+
+def _padded_slots(num_pairs: int, block_m: int, num_experts: int) -> int:
+    """Static upper bound on the padded length: every expert that has pairs adds at most block_m - 1 slots."""
+    bound = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return (bound + block_m - 1) // block_m * block_m
+
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int, *, impl: Impl = "auto"
+) -> MoeAlignment:
+    """Group (token, slot) pairs by expert and pad each expert's run to a multiple of block_m (see MoeAlignment).
+
+    topk_ids (T, K) int in [0, E). No host sync on either path. The Triton path is one single-program launch (the
+    torch path is ~25 small ones, which would dominate a 256-token MoE call); it orders pairs inside a run
+    arbitrarily and drops out-of-range ids, while the torch path keeps a stable order and raises on them.
+    """
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids must be (T, K), got shape {tuple(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"topk_ids must be int64 or int32, got {topk_ids.dtype}")
+    if block_m < 1:
+        raise ValueError(f"block_m must be >= 1, got {block_m}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+    if resolve_impl(impl, topk_ids) == "triton":
+        return _moe_align_triton(topk_ids, block_m, num_experts)
+    return _moe_align_torch(topk_ids, block_m, num_experts)
 
 
 @jit
@@ -307,9 +416,13 @@ class MoeTiles(NamedTuple):
 
 
 def default_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
-    """Pick BLOCK_M from the mean pairs per expert: small tiles waste less padding when experts get few tokens."""
+    """Pick BLOCK_M so one tile usually holds an expert's whole run (mean + 3 sigma of its pair count).
+
+    At decode/canvas sizes the GEMMs are bound by reading expert weights; an expert whose run spans two tiles is
+    read twice (L2 may or may not catch it), while padded rows only cost tensor-core work, which is plentiful.
+    """
     mean = num_pairs / num_experts
-    block_m = 16 if mean <= 16 else (32 if mean <= 48 else 64)
+    block_m = min(64, max(16, next_power_of_2(math.ceil(mean + 3 * math.sqrt(mean)))))
     return MoeTiles(block_m=block_m, block_n=64, block_k=64, num_warps=4, num_stages=3)
 
 
@@ -323,8 +436,8 @@ def fused_moe_triton(
     tiles: MoeTiles | None = None,
 ) -> torch.Tensor:
     """Triton launcher: align -> gate_up+GELU kernel -> down*weight kernel -> sum over K. Raises ValueError on bad
-    input (out-of-range expert ids are not checked here: that would cost a host sync; `moe_align_block_size`'s
-    scatter rejects them). Intermediates: a (P, I) in the input dtype, y (P, D) fp32.
+    shapes/dtypes/devices. Expert ids outside [0, E) are not checked (that would cost a host sync): their pairs are
+    dropped and contribute nothing. Intermediates: a (P, I) in the input dtype, y (P, D) fp32.
     """
     t, d, k, e, i = validate_moe_inputs(hidden_states, topk_weights, topk_ids, w_gate_up, w_down)
     if hidden_states.stride(-1) != 1:
@@ -341,7 +454,7 @@ def fused_moe_triton(
     w_gate_up = w_gate_up.contiguous()  # no-ops for parameters; the kernels assume unit stride in the reduced dim
     w_down = w_down.contiguous()
     p = t * k
-    align = moe_align_block_size(topk_ids, tiles.block_m, e)
+    align = _moe_align_triton(topk_ids, tiles.block_m, e)
     num_m_tiles = align.sorted_token_ids.numel() // tiles.block_m
     dot_fp32 = dot_in_fp32(out_dtype)
     act = torch.empty(p, i, dtype=out_dtype, device=hidden_states.device)  # (P, I)
@@ -369,7 +482,8 @@ def fused_moe_triton(
         enable_fp_fusion=True,  # explicit: triton 3.9 warns when the default is left implicit
     )
     route_w = topk_weights.reshape(-1).float().contiguous()  # (P,)
-    y = torch.empty(p, d, dtype=torch.float32, device=hidden_states.device)  # (P, D)
+    # zeros, not empty: rows of dropped (out-of-range) pairs are never written but are summed below
+    y = torch.zeros(p, d, dtype=torch.float32, device=hidden_states.device)  # (P, D)
     _moe_down_kernel[(num_m_tiles * triton_cdiv(d, tiles.block_n),)](
         act,
         w_down,

@@ -18,7 +18,10 @@ import torch
 
 from kernels._triton import Impl, cdiv, dot_in_fp32, jit, resolve_impl, tl
 
-__all__ = ["soft_embedding", "soft_embedding_ref", "soft_embedding_triton"]
+__all__ = ["DEFAULT_TILES", "soft_embedding", "soft_embedding_ref", "soft_embedding_triton"]
+
+# (BLOCK_N, BLOCK_D, BLOCK_V). BLOCK_D is wide because every D tile recomputes the exps of its rows' logits.
+DEFAULT_TILES: tuple[int, int, int] = (64, 128, 64)
 
 
 def _validate(logits: torch.Tensor, embedding: torch.Tensor) -> tuple[int, int]:
@@ -122,9 +125,9 @@ def soft_embedding_triton(
     scale: float = 1.0,
     tiles: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
-    """Triton launcher; tiles = (BLOCK_N, BLOCK_D, BLOCK_V), powers of two >= 16 (default (64, 128, 64))."""
+    """Triton launcher; tiles = (BLOCK_N, BLOCK_D, BLOCK_V), powers of two >= 16 (default `DEFAULT_TILES`)."""
     v, d = _validate(logits, embedding)
-    block_n, block_d, block_v = tiles if tiles is not None else (64, 128, 64)
+    block_n, block_d, block_v = tiles if tiles is not None else DEFAULT_TILES
     for size in (block_n, block_d, block_v):
         if size < 16 or size & (size - 1):
             raise ValueError(f"tiles must be powers of two >= 16, got {(block_n, block_d, block_v)}")

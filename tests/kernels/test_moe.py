@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.moe import MoeTiles, fused_moe, fused_moe_ref, fused_moe_triton, moe_align_block_size
+from kernels.moe import MoeAlignment, MoeTiles, fused_moe, fused_moe_ref, fused_moe_triton, moe_align_block_size
 from tests.kernels.kernel_testing import TOLERANCES, requires_cuda
 
 
@@ -96,23 +96,53 @@ def test_ref_rejects_bad_input(gen: torch.Generator) -> None:
         fused_moe(x, w, ids + 3, wgu, wd, impl="ref")
 
 
-@pytest.mark.parametrize("block_m", [1, 4, 16])
-def test_align_block_size_invariants(block_m: int, gen: torch.Generator) -> None:
-    e = 6
-    ids = torch.randint(0, e - 1, (11, 3), generator=gen)  # expert 5 never chosen
+def check_alignment(ids: torch.Tensor, e: int, block_m: int, al: MoeAlignment) -> None:
+    """Invariants of MoeAlignment (order inside an expert's run is free)."""
     p = ids.numel()
-    al = moe_align_block_size(ids, block_m, e)
+    flat = ids.reshape(-1).cpu()
+    sorted_ids, expert_ids = al.sorted_token_ids.cpu(), al.expert_ids.cpu()
     total = int(al.num_tokens_post_padded)
-    assert total % block_m == 0 and al.sorted_token_ids.numel() % block_m == 0
-    real = al.sorted_token_ids[:total]
-    assert bool((al.sorted_token_ids[total:] == p).all())
-    valid = real[real < p]
-    assert sorted(valid.tolist()) == list(range(p))  # every pair exactly once
-    tile_expert = al.expert_ids[: total // block_m].repeat_interleave(block_m)
-    assert bool((ids.reshape(-1)[valid] == tile_expert[real < p]).all())  # each pair in a tile of its expert
-    assert bool((al.expert_ids[total // block_m :] == e).all())
-    counts = torch.bincount(ids.reshape(-1), minlength=e)
+    counts = torch.bincount(flat, minlength=e)
     assert total == int(((counts + block_m - 1) // block_m * block_m).sum())
+    assert sorted_ids.numel() % block_m == 0 and expert_ids.numel() == sorted_ids.numel() // block_m
+    assert bool((sorted_ids[total:] == p).all()) and bool((expert_ids[total // block_m :] == e).all())
+    real = sorted_ids[:total]
+    valid = real < p
+    assert sorted(real[valid].tolist()) == list(range(p))  # every pair exactly once
+    tile_expert = expert_ids[: total // block_m].repeat_interleave(block_m)
+    assert bool((flat[real[valid]] == tile_expert[valid]).all())  # each pair sits in a tile of its own expert
+    assert bool((tile_expert[1:] >= tile_expert[:-1]).all())  # runs in expert order
+
+
+@pytest.mark.parametrize("block_m", [1, 4, 16])
+def test_align_block_size_invariants_torch(block_m: int, gen: torch.Generator) -> None:
+    ids = torch.randint(0, 5, (11, 3), generator=gen)  # expert 5 of 6 never chosen
+    check_alignment(ids, 6, block_m, moe_align_block_size(ids, block_m, 6, impl="ref"))
+
+
+@pytest.mark.parametrize(("t", "k", "e", "block_m"), [(11, 3, 6, 16), (1, 2, 4, 16), (300, 4, 5, 32), (40, 8, 8, 64)])
+def test_align_block_size_invariants_triton(
+    triton_device: str, t: int, k: int, e: int, block_m: int, gen: torch.Generator
+) -> None:
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    ids[ids == e - 1] = 0  # an expert with no pairs
+    ids = ids.to(triton_device)
+    al = moe_align_block_size(ids, block_m, e, impl="triton")
+    check_alignment(ids, e, block_m, al)
+    ref = moe_align_block_size(ids.cpu(), block_m, e, impl="ref")
+    assert torch.equal(al.expert_ids.cpu(), ref.expert_ids) and int(al.num_tokens_post_padded) == int(
+        ref.num_tokens_post_padded
+    )
+
+
+def test_kernel_drops_out_of_range_ids(triton_device: str, gen: torch.Generator) -> None:
+    x, w, ids, wgu, wd = make_case(5, 16, 2, 4, 8, gen, device=triton_device)
+    bad = ids.clone()
+    bad[2, 1] = 9  # out of range: the Triton path drops the pair instead of reading out of bounds
+    w_dropped = w.clone()
+    w_dropped[2, 1] = 0.0
+    out = fused_moe(x, w, bad, wgu, wd, impl="triton")
+    assert_moe_close(out, fused_moe_ref(x, w_dropped, ids, wgu, wd), torch.float32)
 
 
 def assert_moe_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
