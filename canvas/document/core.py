@@ -198,6 +198,7 @@ class Document:
         try:
             for op in ops:
                 self._exec(op, journal)
+                self._check_layout(type(op).__name__.lower())
         except BaseException:
             self._rollback(journal, w0)
             raise
@@ -389,8 +390,18 @@ class Document:
         with edits before it, an edit across it starts the window at the edit, and an insertion exactly at it goes
         into the window unless `before_window` (text typed at the end of the context)."""
         old, fresh = tuple(self._atoms[index : index + n_old]), tuple(new)
-        if old == fresh:
+        # Record only what changed: atoms kept at either end keep their identity, and the window start does not
+        # move for a change that merely spans it (pinning text that runs into the context).
+        a = 0
+        while a < len(old) and a < len(fresh) and old[a] == fresh[a]:
+            a += 1
+        b = 0
+        while b < len(old) - a and b < len(fresh) - a and old[-1 - b] == fresh[-1 - b]:
+            b += 1
+        if a == len(old) == len(fresh):
             return
+        index, n_old = index + a, n_old - a - b
+        old, fresh = old[a : len(old) - b], fresh[a : len(fresh) - b]
         self._put(index, old, fresh)
         journal.append(Splice(index, old, fresh))
         w, stop = self._w, index + n_old

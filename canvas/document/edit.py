@@ -3,8 +3,8 @@
 Only the atoms the edit touches are re-encoded, together with as many pinned neighbours as it takes for the
 re-encoding to reproduce the outermost neighbour unchanged (typing "lo" after "Hel" yields the token "Hello", not
 "Hel" + "lo"). Neighbours never come from across a barrier: free atoms (masked text, gaps: their tokens are kept
-for the model) and the window start (new text stays on the side of the window it was typed on). Atoms the
-re-encoding leaves identical are trimmed off the splice, so untouched tokens keep their identity.
+for the model) and the window start (new text stays on the side of the window it was typed on). The document
+trims atoms the re-encoding leaves identical off the splice, so untouched tokens keep their identity.
 """
 
 from __future__ import annotations
@@ -63,11 +63,4 @@ def local_edit(
         if (left_ok and right_ok) or reach >= max_atoms:
             break
         reach *= 2
-    old = atoms[lo:hi]
-    a = 0
-    while a < len(old) and a < len(new) and old[a] == new[a]:
-        a += 1
-    b = 0
-    while b < len(old) - a and b < len(new) - a and old[-1 - b] == new[-1 - b]:
-        b += 1
-    return lo + a, len(old) - a - b, new[a : len(new) - b], in_window
+    return lo, hi - lo, new, in_window

@@ -418,6 +418,15 @@ def test_move_window_errors_and_snapping(tok: HFTokenizer) -> None:
         doc.move_window(len(text) + 1)
 
 
+def test_pin_from_the_context_into_the_window_keeps_the_window(tok: HFTokenizer) -> None:
+    doc = make(tok, "aaaa bbbb cccc dddd", canvas=4)  # found by the property test: pinning used to move the window
+    doc.move_window(5)
+    window = doc.window()
+    doc.mask(window[0], window[1])
+    doc.pin(0, window[0] + 1)
+    assert doc.window() == window and doc.spans()[0].kind == "pinned"
+
+
 def test_window_at_the_end_continues_the_text(tok: HFTokenizer) -> None:
     doc = make(tok, CORPUS[1], canvas=8)
     doc.move_window(len(doc.text))

@@ -111,6 +111,11 @@ def draw_op(data: st.DataObject, doc: Document, kind: str) -> Op:
     a_max, b_min = (hi, lo) if data.draw(st.booleans()) else (n + 2, -1)
     s = data.draw(st.integers(max(b_min, -1), a_max))
     e = data.draw(st.integers(s - 1 if data.draw(st.integers(0, 9)) == 0 else s, a_max))
+    free = [span for span in doc.spans() if span.kind == "free" and span.start < n]
+    if kind in ("pin", "unmask", "replace") and free and data.draw(st.booleans()):  # aim at masked text and gaps
+        span = data.draw(st.sampled_from(free))
+        s = data.draw(st.integers(max(span.start - 1, 0), span.end))
+        e = data.draw(st.integers(s, min(span.end + 1, n)))
     match kind:
         case "pin":
             return Pin(s, e)
@@ -224,7 +229,7 @@ def run(data: st.DataObject, tok: HFTokenizer, text: str, canvas: int) -> None:
     assert doc.text == text
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), text=TEXTS, canvas=st.integers(4, 24))
 def test_random_edits_and_generations(tok: HFTokenizer, data: st.DataObject, text: str, canvas: int) -> None:
     run(data, tok, text, canvas)
