@@ -288,7 +288,7 @@ class GenParams(_Model):
     max_steps: Annotated[int, Field(ge=1, le=256)] = 48
     entropy_bound: Annotated[float, Field(gt=0, le=1e6)] = 0.1
     t_max: Annotated[float, Field(ge=0, le=100)] = 0.8
-    t_min: Annotated[float, Field(ge=0, le=100)] = 0.4
+    t_min: Annotated[float, Field(gt=0, le=100)] = 0.4  # > 0: the last step divides the logits by it
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None  # None: the server picks one
     stream_every: Annotated[int, Field(ge=1, le=256)] = 1  # send a progress frame every this many steps
 
@@ -542,7 +542,7 @@ class GenProgress(_Reply):
     step: Annotated[int, Field(ge=0)]
     max_steps: Annotated[int, Field(ge=1)]
     slots: list[SlotUpdate]
-    accepted: Annotated[int, Field(ge=0)] = 0  # slots accepted so far
+    accepted: Annotated[int, Field(ge=0)] = 0  # free slots the sampler accepted at this step
     free: Annotated[int, Field(ge=0)] = 0  # slots being generated
     merged: Annotated[int, Field(ge=1)] = 1
     elapsed_s: Annotated[float, Field(ge=0)] = 0.0

@@ -175,6 +175,7 @@ def test_malformed_frames_get_typed_errors(raw: str | bytes, code: ErrorCode, fr
         ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"entropy_bound": 0}},
          "params.entropy_bound"),
         ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"t_min": -0.1}}, "params.t_min"),
+        ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"t_min": 0}}, "params.t_min"),
         ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"t_max": 0.2, "t_min": 0.3}},
          "t_max (0.2) must be >= t_min (0.3)"),
         ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"stream_every": 0}},
