@@ -17,6 +17,7 @@ P = T*K (token, slot) pairs, S = padded length of the sorted pair list, B = S / 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "MoeAlignment",
     "MoeTiles",
     "default_tiles",
+    "expert_ffn",
     "fused_moe",
     "fused_moe_ref",
     "fused_moe_triton",
@@ -77,19 +79,28 @@ def validate_moe_inputs(
     return t, d, k, e, i
 
 
+def expert_ffn(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """One expert's FFN on its rows: x (n, D), w_gate_up (2I, D), w_down (D, I) -> (n, D), in the input dtype."""
+    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)  # (n, I) each
+    return F.linear(F.gelu(gate, approximate="tanh") * up, w_down)
+
+
 def fused_moe_ref(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     w_gate_up: torch.Tensor,
     w_down: torch.Tensor,
+    *,
+    ffn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = expert_ffn,
 ) -> torch.Tensor:
     """Vectorised torch reference: sort (token, slot) pairs by expert, one pair of matmuls per expert that has tokens.
 
     Shapes: hidden_states (T, D); topk_weights (T, K) float; topk_ids (T, K) int in [0, E);
     w_gate_up (E, 2I, D); w_down (E, D, I) -> (T, D) in hidden_states.dtype.
     Per-expert matmuls run in the input dtype (as the transformers module does); the weighted sum over the K slots
-    is accumulated in fp32 and rounded once.
+    is accumulated in fp32 and rounded once. `ffn` replaces `expert_ffn` (the bench passes a `torch.compile`d one:
+    compiling this whole function would unroll the data-dependent loop over experts).
     Bytes (weights dominate): read E_hit*3*I*D*w.itemsize + T*D*x.itemsize, write T*D*x.itemsize.
     FLOPs: 2*P*D*2I (gate_up) + 2*P*I*D (down) = 6*P*D*I, P = T*K.
     """
@@ -108,8 +119,7 @@ def fused_moe_ref(
         if n == 0:
             continue
         rows = slice(start, start + n)
-        gate, up = F.linear(x_sorted[rows], w_gate_up[expert]).chunk(2, dim=-1)  # (n, I) each
-        y_sorted[rows] = F.linear(F.gelu(gate, approximate="tanh") * up, w_down[expert])  # (n, D)
+        y_sorted[rows] = ffn(x_sorted[rows], w_gate_up[expert], w_down[expert])  # (n, D)
         start += n
     weighted = y_sorted.float() * topk_weights.reshape(-1)[order].float().unsqueeze(-1)  # (P, D) fp32
     out = torch.zeros(t, d, dtype=torch.float32, device=hidden_states.device)

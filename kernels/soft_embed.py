@@ -7,7 +7,9 @@ to the embedding dtype, matmul with the embedding, times `scale` rounded to the 
 `hidden_size ** 0.5` through a buffer of that dtype).
 The kernel is a GEMM over the vocabulary with flash-attention-style online rescaling: per tile of rows it keeps a
 running max m and sum l, rescales its fp32 (rows, D-tile) accumulator by exp(m_old - m_new) whenever m grows, and
-divides by l at the end, so only (tile, BLOCK_V) pieces of the softmax ever exist, in registers.
+divides by l at the end, so only (tile, BLOCK_V) pieces of the softmax ever exist, in registers. At canvas sizes
+(N = 256) the (row tile, D tile) grid is smaller than the GPU, so the vocabulary is also split across programs
+and the per-split (max, sum, accumulator) partials are merged afterwards, as split-K flash decoding does.
 
 Dimension legend: N rows (all leading dims of logits flattened, e.g. B * canvas), V vocabulary, D hidden.
 """
@@ -20,8 +22,9 @@ from kernels._triton import Impl, cdiv, dot_in_fp32, jit, resolve_impl, tl
 
 __all__ = ["DEFAULT_TILES", "soft_embedding", "soft_embedding_ref", "soft_embedding_triton"]
 
-# (BLOCK_N, BLOCK_D, BLOCK_V). BLOCK_D is wide because every D tile recomputes the exps of its rows' logits.
-DEFAULT_TILES: tuple[int, int, int] = (64, 128, 64)
+# (BLOCK_N, BLOCK_D, BLOCK_V). BLOCK_D is wide because every D tile recomputes the exps of its rows' logits
+# (N * V * D / BLOCK_D exps in all); a (64, 256) fp32 accumulator is 64 registers a thread at 8 warps.
+DEFAULT_TILES: tuple[int, int, int] = (64, 256, 64)
 
 
 def _validate(logits: torch.Tensor, embedding: torch.Tensor) -> tuple[int, int]:
@@ -58,9 +61,12 @@ def _soft_embed_kernel(
     logits_ptr,
     emb_ptr,
     out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
     n_rows,
     vocab,
     dim,
+    v_chunk,
     stride_l,
     stride_e,
     stride_o,
@@ -68,16 +74,21 @@ def _soft_embed_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    SPLIT: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """out[rows, dcols] = softmax(logits[rows, :]) @ emb[:, dcols] * scale, one program per (row tile, D tile).
+    """softmax(logits[rows, vrange]) @ emb[vrange, dcols], one program per (row tile, D tile, vocab split).
 
     logits (N, V) row-strided, unit stride in V; emb (V, D) row-strided, unit stride in D; out (N, D) likewise.
-    Masked vocab columns load -inf (probability 0); masked rows load 0 and are not stored. m/l/acc are fp32;
+    Split s covers vocab [s * v_chunk, (s + 1) * v_chunk), v_chunk a multiple of BLOCK_V. Without SPLIT (one split)
+    the program normalises and writes out * scale directly. With SPLIT it writes its unnormalised fp32 partials,
+    part_acc (S, N, D) and part_ml (S, 2, N) = (running max m, sum l), merged by `_combine_splits`.
+    Masked vocab columns load -inf (probability 0); masked rows load -inf and are not stored. m, l and acc are fp32;
     probabilities are rounded to the embedding dtype before the dot, as the reference does.
     """
     pid_n = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1).to(tl.int64)
+    pid_s = tl.program_id(2).to(tl.int64)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     dcols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
     vcols = tl.arange(0, BLOCK_V).to(tl.int64)
@@ -87,9 +98,11 @@ def _soft_embed_kernel(
     m = tl.full((BLOCK_N,), neg_inf, tl.float32)
     l_sum = tl.zeros((BLOCK_N,), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    for v0 in range(0, vocab, BLOCK_V):
+    v_begin = pid_s * v_chunk
+    v_end = tl.minimum(v_begin + v_chunk, vocab)
+    for v0 in range(v_begin, v_end, BLOCK_V):
         offs_v = v0 + vcols
-        v_mask = offs_v < vocab
+        v_mask = offs_v < v_end
         x = tl.load(
             logits_ptr + rows[:, None] * stride_l + offs_v[None, :],
             mask=row_mask[:, None] & v_mask[None, :],
@@ -109,13 +122,35 @@ def _soft_embed_kernel(
         else:
             acc = tl.dot(p.to(e.dtype), e, acc)
         m = m_new
-    inv = scale / tl.where(l_sum > 0, l_sum, 1.0)
-    out = acc * inv[:, None]
-    tl.store(
-        out_ptr + rows[:, None] * stride_o + dcols[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & d_mask[None, :],
-    )
+    out_mask = row_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        tl.store(part_acc_ptr + (pid_s * n_rows + rows[:, None]) * dim + dcols[None, :], acc, mask=out_mask)
+        if pid_d == 0:
+            tl.store(part_ml_ptr + (pid_s * 2) * n_rows + rows, m, mask=row_mask)
+            tl.store(part_ml_ptr + (pid_s * 2 + 1) * n_rows + rows, l_sum, mask=row_mask)
+    else:
+        inv = scale / tl.where(l_sum > 0, l_sum, 1.0)
+        out = acc * inv[:, None]
+        tl.store(out_ptr + rows[:, None] * stride_o + dcols[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def _combine_splits(part_acc: torch.Tensor, part_ml: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """Merge per-split softmax partials: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s * scale."""
+    m, l_sum = part_ml[:, 0], part_ml[:, 1]  # (S, N) each
+    m_max = m.max(dim=0).values  # (N,)
+    m_max = torch.where(torch.isinf(m_max), torch.zeros_like(m_max), m_max)
+    w = torch.exp(m - m_max)  # (S, N); 0 for splits that saw only -inf
+    den = (w * l_sum).sum(0).clamp_min(torch.finfo(torch.float32).tiny)  # (N,)
+    num = torch.einsum("sn,snd->nd", w, part_acc)  # (N, D)
+    out.copy_(num * (scale / den)[:, None])
+
+
+def _default_splits(n_programs: int, vocab: int, block_v: int, device: torch.device) -> int:
+    """Vocab splits so the grid has about two programs per SM, each still looping over >= 16 vocab tiles."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(-(-2 * sms // n_programs), vocab // (16 * block_v)))
 
 
 def soft_embedding_triton(
@@ -124,8 +159,13 @@ def soft_embedding_triton(
     *,
     scale: float = 1.0,
     tiles: tuple[int, int, int] | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
-    """Triton launcher; tiles = (BLOCK_N, BLOCK_D, BLOCK_V), powers of two >= 16 (default `DEFAULT_TILES`)."""
+    """Triton launcher; tiles = (BLOCK_N, BLOCK_D, BLOCK_V), powers of two >= 16 (default `DEFAULT_TILES`).
+
+    splits partitions the vocabulary across programs (default: enough for ~2 programs per SM on CUDA, 1 elsewhere);
+    with more than one, fp32 partials of size splits * N * (D + 2) are merged by a few torch ops. Never (N, V).
+    """
     v, d = _validate(logits, embedding)
     block_n, block_d, block_v = tiles if tiles is not None else DEFAULT_TILES
     for size in (block_n, block_d, block_v):
@@ -140,13 +180,26 @@ def soft_embedding_triton(
     out = torch.empty(n, d, dtype=embedding.dtype, device=embedding.device)  # (N, D)
     if n == 0 or d == 0:
         return out.reshape(*lead, d)
-    _soft_embed_kernel[(cdiv(n, block_n), cdiv(d, block_d))](
+    grid_nd = cdiv(n, block_n) * cdiv(d, block_d)
+    if splits is None:
+        splits = _default_splits(grid_nd, v, block_v, embedding.device)
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    v_chunk = cdiv(cdiv(v, splits), block_v) * block_v
+    splits = cdiv(v, v_chunk)  # no empty splits
+    split = splits > 1
+    part_acc = torch.empty(splits, n, d, dtype=torch.float32, device=out.device) if split else out  # (S, N, D)
+    part_ml = torch.empty(splits, 2, n, dtype=torch.float32, device=out.device) if split else out  # (S, 2, N)
+    _soft_embed_kernel[(cdiv(n, block_n), cdiv(d, block_d), splits)](
         x,
         emb,
         out,
+        part_acc,
+        part_ml,
         n,
         v,
         d,
+        v_chunk,
         x.stride(0),
         emb.stride(0),
         out.stride(0),
@@ -154,11 +207,14 @@ def soft_embedding_triton(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_V=block_v,
+        SPLIT=split,
         DOT_FP32=dot_in_fp32(embedding.dtype),
         num_warps=8,
         num_stages=3,
         enable_fp_fusion=True,  # explicit: triton 3.9 warns when the default is left implicit
     )
+    if split:
+        _combine_splits(part_acc, part_ml, _scale_in(scale, embedding.dtype), out)
     return out.reshape(*lead, d)
 
 

@@ -99,12 +99,16 @@ def soft_embed_kernel(dtype: str) -> int:
     sig = {
         **_ptrs("logits_ptr", "bf16"),
         **_ptrs("emb_ptr out_ptr", dtype),
-        **_ints("n_rows vocab dim stride_l stride_e stride_o"),
+        **_ptrs("part_acc_ptr part_ml_ptr", "fp32"),
+        **_ints("n_rows vocab dim v_chunk stride_l stride_e stride_o"),
         "scale": "fp32",
     }
     block_n, block_d, block_v = DEFAULT_TILES
-    meta = {"BLOCK_N": block_n, "BLOCK_D": block_d, "BLOCK_V": block_v, "DOT_FP32": dtype == "fp32"}
-    return _compile(_soft_embed_kernel, sig, meta, num_warps=8, num_stages=3)
+    shared = 0
+    for split in (True, False):
+        meta = {"BLOCK_N": block_n, "BLOCK_D": block_d, "BLOCK_V": block_v, "SPLIT": split, "DOT_FP32": dtype == "fp32"}
+        shared = max(shared, _compile(_soft_embed_kernel, dict(sig), meta, num_warps=8, num_stages=3))
+    return shared
 
 
 def rmsnorm_kernel() -> int:

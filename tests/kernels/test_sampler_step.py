@@ -116,17 +116,17 @@ def test_rejects_bad_input(triton_device: str) -> None:
     x = torch.randn(2, 8, device=triton_device)
     for impl in ("ref", "triton"):
         with pytest.raises(ValueError, match="temperature must be > 0"):
-            sampler_step(x, 0.0, impl=impl)  # type: ignore[arg-type]
+            sampler_step(x, 0.0, impl=impl)
         with pytest.raises(ValueError, match="either seed or uniform"):
-            sampler_step(x, 1.0, seed=1, uniform=torch.rand(2, 8, device=triton_device), impl=impl)  # type: ignore[arg-type]
+            sampler_step(x, 1.0, seed=1, uniform=torch.rand(2, 8, device=triton_device), impl=impl)
         with pytest.raises(ValueError, match="uniform must have"):
-            sampler_step(x, 1.0, uniform=torch.rand(2, 7, device=triton_device), impl=impl)  # type: ignore[arg-type]
+            sampler_step(x, 1.0, uniform=torch.rand(2, 7, device=triton_device), impl=impl)
         with pytest.raises(ValueError, match="softcap"):
-            sampler_step(x, 1.0, softcap=0.0, impl=impl)  # type: ignore[arg-type]
+            sampler_step(x, 1.0, softcap=0.0, impl=impl)
         with pytest.raises(ValueError, match=r"\(N, V\)"):
-            sampler_step(x[0], 1.0, impl=impl)  # type: ignore[arg-type]
+            sampler_step(x[0], 1.0, impl=impl)
         with pytest.raises(ValueError, match="temperature must be a float"):
-            sampler_step(x, torch.ones(3, device=triton_device), impl=impl)  # type: ignore[arg-type]
+            sampler_step(x, torch.ones(3, device=triton_device), impl=impl)
 
 
 @pytest.mark.gpu

@@ -50,7 +50,7 @@ def test_ref_matches_transformers_formula(gen: torch.Generator) -> None:
 
 @pytest.mark.parametrize(("lead", "v", "d"), SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tiles", [None, (16, 16, 16)])
+@pytest.mark.parametrize(("tiles", "splits"), [(None, 1), ((16, 16, 16), 1), ((16, 16, 16), 3)])
 def test_kernel_matches_ref(
     triton_device: str,
     lead: tuple[int, ...],
@@ -58,11 +58,13 @@ def test_kernel_matches_ref(
     d: int,
     dtype: torch.dtype,
     tiles: tuple[int, int, int] | None,
+    splits: int,
     gen: torch.Generator,
 ) -> None:
+    # splits=3 also gives splits that see only -inf logits (the first half of the vocab is banned)
     x, emb = make_inputs(lead, v, d, gen, dtype)
     x, emb = x.to(triton_device), emb.to(triton_device)
-    got = soft_embedding_triton(x, emb, scale=3.0, tiles=tiles)
+    got = soft_embedding_triton(x, emb, scale=3.0, tiles=tiles, splits=splits)
     want = soft_embedding_ref(x, emb, scale=3.0)
     assert got.dtype == dtype and got.shape == want.shape
     rtol, atol = TOLERANCES[dtype]
@@ -85,11 +87,13 @@ def test_rejects_bad_input(triton_device: str) -> None:
     emb = torch.randn(10, 4, device=triton_device)
     for impl in ("ref", "triton"):
         with pytest.raises(ValueError, match="vocab size"):
-            soft_embedding(torch.randn(3, 9, device=triton_device), emb, impl=impl)  # type: ignore[arg-type]
+            soft_embedding(torch.randn(3, 9, device=triton_device), emb, impl=impl)
         with pytest.raises(ValueError, match=r"\(V, D\)"):
-            soft_embedding(torch.randn(3, 10, device=triton_device), emb[0], impl=impl)  # type: ignore[arg-type]
+            soft_embedding(torch.randn(3, 10, device=triton_device), emb[0], impl=impl)
     with pytest.raises(ValueError, match="powers of two"):
         soft_embedding_triton(torch.randn(3, 10, device=triton_device), emb, tiles=(16, 24, 16))
+    with pytest.raises(ValueError, match="splits"):
+        soft_embedding_triton(torch.randn(3, 10, device=triton_device), emb, splits=0)
 
 
 @pytest.mark.gpu
