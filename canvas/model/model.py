@@ -25,6 +25,7 @@ from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
+from kernels.soft_embed import soft_embedding
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
@@ -317,11 +318,6 @@ class DiffusionModel(nn.Module):
     def soft_embeddings(self, self_conditioning_logits: Tensor) -> Tensor:
         """softmax(logits) @ embeddings * sqrt(M): (B, L, V) -> (B, L, M)."""
         B, L, V = self_conditioning_logits.shape
-        try:
-            from kernels.soft_embed import soft_embedding
-        except ImportError:  # TEMP until the kernel lands
-            def soft_embedding(lg, emb, scale):  # type: ignore
-                return (torch.softmax(lg.float(), -1) @ emb) * scale
         soft = soft_embedding(self_conditioning_logits.reshape(B * L, V), self.embed, scale=self.config.embed_scale)
         return soft.view(B, L, -1)
 

@@ -55,7 +55,8 @@ SPECS = [
 ]
 
 
-def build_reference(spec: RefSpec, seed: int = 0):  # -> DiffusionGemmaForBlockDiffusion
+def build_reference(spec: RefSpec, seed: int = 0, std: float = 0.2,
+                    sc_gain: float = 1.0):  # -> DiffusionGemmaForBlockDiffusion
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
     vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=16, num_hidden_layers=1,
@@ -72,7 +73,9 @@ def build_reference(spec: RefSpec, seed: int = 0):  # -> DiffusionGemmaForBlockD
             if "vision" in name:
                 continue
             if p.dim() >= 2:
-                p.normal_(0.0, 0.2, generator=g)
+                p.normal_(0.0, std, generator=g)
+                if "self_conditioning.down_proj" in name:
+                    p.mul_(sc_gain)
             else:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():

@@ -1,0 +1,405 @@
+"""The generation engine: many canvases refined together, joined and retired between steps.
+
+Owns the running generations. A request (`GenRequest`) carries token ids only — the context before the canvas,
+the canvas slots with their pins, the sampler settings — so the engine knows nothing of documents or text.
+Each `step()` admits waiting requests, runs ONE batched decoder forward over every diffusion row (their caches
+stacked, right-padded and masked, each row at its own step of its own temperature schedule), then samples,
+accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
+batched with. AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
+honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
+context is unchanged.
+
+Events go to the request's callback from the engine's thread: a `Frame` every `stream_every` steps (draft argmax
+with pins forced, accepted mask, entropy) and exactly one `Done` (committed slot ids per canvas, stats).
+Run it synchronously with `run_until_idle()` or in a background thread with `start()` / `stop()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from canvas.model import DiffusionModel, KVCache
+from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats
+
+Status = Literal["completed", "cancelled", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    context_ids: tuple[int, ...]  # tokens before the canvas, at least one (a BOS for an empty document)
+    slot_ids: tuple[int, ...] = ()  # first slots of the canvas; slots past these up to canvas_length are free
+    pinned: tuple[bool, ...] = ()  # one per slot_ids entry: keep this token
+    config: SamplerConfig = field(default_factory=SamplerConfig)
+    n_canvases: int = 1  # continuation: later canvases are all free and follow the committed one
+    stream_every: int = 1
+
+    def validate(self, canvas_length: int, vocab_size: int) -> None:
+        if not self.context_ids:
+            raise ValueError("context_ids must hold at least one token (prepend BOS for an empty document)")
+        if len(self.slot_ids) > canvas_length:
+            raise ValueError(f"{len(self.slot_ids)} slots exceed the canvas length {canvas_length}")
+        if len(self.pinned) != len(self.slot_ids):
+            raise ValueError(f"pinned has {len(self.pinned)} entries for {len(self.slot_ids)} slots")
+        bad = [t for t in (*self.context_ids, *self.slot_ids) if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        if self.n_canvases < 1 or self.stream_every < 1:
+            raise ValueError("n_canvases and stream_every must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    gen_id: int
+    canvas_index: int
+    step: int
+    max_steps: int
+    draft: tuple[int, ...]  # (L,) argmax canvas, pins forced
+    accepted: tuple[bool, ...]  # (L,) accepted by the sampler this step
+    entropy: tuple[float, ...]  # (L,) nats; 0 for pinned slots
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    gen_id: int
+    status: Status
+    canvases: tuple[tuple[int, ...], ...]  # committed slot ids per canvas (continuations cut after EOS)
+    steps: int
+    forwards: int
+    generated: int  # free slots filled
+    wall_s: float
+    error: str | None = None
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated / self.forwards if self.forwards else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.generated / self.wall_s if self.wall_s > 0 else 0.0
+
+
+Event = Frame | Done
+
+
+class GenHandle:
+    """A submitted generation: cancel it, or wait for its `Done`."""
+
+    def __init__(self, gen_id: int, on_event: Callable[[Event], None] | None) -> None:
+        self.id = gen_id
+        self._on_event = on_event
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self.result: Done | None = None
+        self.frames = 0
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def wait(self, timeout: float | None = None) -> Done:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"generation {self.id} did not finish within {timeout} s")
+        assert self.result is not None
+        return self.result
+
+    def _emit(self, event: Event) -> None:
+        if isinstance(event, Done):
+            self.result = event
+        else:
+            self.frames += 1
+        if self._on_event is not None:
+            self._on_event(event)
+        if isinstance(event, Done):
+            self._done.set()
+
+
+class _Row:
+    """One running generation inside the engine."""
+
+    def __init__(self, handle: GenHandle, req: GenRequest, cache: KVCache, last_logits: Tensor, L: int,
+                 device: torch.device, noise: NoiseSource) -> None:
+        self.handle, self.req, self.cfg, self.cache = handle, req, req.config, cache
+        self.last_logits = last_logits  # (V,) AR next-token logits after the context
+        n = len(req.slot_ids)
+        self.pinned = torch.zeros(L, dtype=torch.bool, device=device)
+        self.pinned[:n] = torch.tensor(req.pinned, dtype=torch.bool)
+        self.pinned_ids = torch.zeros(L, dtype=torch.long, device=device)
+        self.pinned_ids[:n] = torch.tensor(req.slot_ids, dtype=torch.long)
+        self.noise = noise
+        self.canvases: list[tuple[int, ...]] = []
+        self.steps = self.forwards = self.generated = 0
+        self.t0 = time.perf_counter()
+        self.new_canvas(L, device)
+
+    def new_canvas(self, L: int, device: torch.device) -> None:
+        V = self.cache.config.vocab_size
+        noise = self.noise.uniform_tokens((1, L), V, device)[0]
+        self.canvas = torch.where(self.pinned, self.pinned_ids, noise)
+        self.argmax = self.canvas.clone()
+        self.soft: Tensor | None = None
+        self.remaining = self.cfg.max_steps
+        self.step_in_canvas = 0
+        self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, L, device)
+        self.ar_pos = 0
+
+    @property
+    def free(self) -> Tensor:
+        return ~self.pinned
+
+
+class Engine:
+    def __init__(self, model: DiffusionModel, *, max_batch: int = 8, context_cache_size: int = 16,
+                 noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model = model.eval()
+        self.max_batch = max_batch
+        self.L = model.config.canvas_length
+        self._noise_factory = noise_factory or (lambda cfg: GumbelNoise(cfg.seed))
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: deque[tuple[GenHandle, GenRequest]] = deque()
+        self._rows: list[_Row] = []
+        self._stacked: tuple[tuple[int, ...], KVCache] | None = None
+        self._contexts: OrderedDict[tuple[int, ...], tuple[KVCache, Tensor]] = OrderedDict()
+        self._context_cache_size = context_cache_size
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
+
+    # ---- public API ------------------------------------------------------------------------------------------
+    def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None) -> GenHandle:
+        req.validate(self.L, self.model.config.vocab_size)
+        handle = GenHandle(next(self._ids), on_event)
+        with self._wake:
+            self._pending.append((handle, req))
+            self._wake.notify()
+        return handle
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._pending or self._rows)
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="dcanvas-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not (self._pending or self._rows):
+                    self._wake.wait()
+                if not self._running:
+                    return
+            self.step()
+
+    # ---- one engine step -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Admit, run one batched step, retire. Returns whether any work remains."""
+        self._admit()
+        for row in [r for r in self._rows if r.handle.cancelled]:
+            self._finish(row, "cancelled")
+        diffusion = [r for r in self._rows if r.cfg.mode == "diffusion"]
+        if diffusion:
+            try:
+                self._diffusion_step(diffusion)
+            except Exception as e:  # a failed step fails its rows, never the engine
+                for row in diffusion:
+                    self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+        for row in [r for r in self._rows if r.cfg.mode == "ar"]:
+            try:
+                self._ar_step(row)
+            except Exception as e:
+                self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+        with self._lock:
+            return bool(self._pending or self._rows)
+
+    def _admit(self) -> None:
+        while len(self._rows) < self.max_batch:
+            with self._lock:
+                if not self._pending:
+                    return
+                handle, req = self._pending.popleft()
+            if handle.cancelled:
+                handle._emit(Done(handle.id, "cancelled", (), 0, 0, 0, 0.0))
+                continue
+            try:
+                cache, last = self._context(req)
+                row = _Row(handle, req, cache, last, self.L, self.model.device, self._noise_factory(req.config))
+            except Exception as e:
+                handle._emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
+                continue
+            self._rows.append(row)
+
+    def _context(self, req: GenRequest) -> tuple[KVCache, Tensor]:
+        """Encoder cache for the request's context: shared read-only when one canvas of diffusion is asked for,
+        a private copy with room to grow for continuations and AR."""
+        key = req.context_ids
+        private = req.n_canvases > 1 or req.config.mode == "ar"
+        if key in self._contexts:
+            self._contexts.move_to_end(key)
+            cache, last = self._contexts[key]
+        else:
+            ids = torch.tensor([key], dtype=torch.long, device=self.model.device)
+            cache = self.model.new_cache(1, len(key))
+            logits, cache = self.model.encode(ids, cache=cache, logits="last")
+            assert logits is not None
+            last = logits[0, -1]
+            self._contexts[key] = (cache, last)
+            while len(self._contexts) > self._context_cache_size:
+                self._contexts.popitem(last=False)
+        if private:
+            grown = self.model.new_cache(1, cache.length + self.L * req.n_canvases)
+            for src, dst in zip(cache.layers, grown.layers, strict=True):
+                n = src.k.shape[2]
+                dst.k[:, :, :n], dst.v[:, :, :n] = src.k, src.v
+            grown.key_valid[:, : cache.length] = cache.key_valid[:, : cache.length]
+            grown.length, grown.next_pos = cache.length, cache.next_pos.clone()
+            grown.row_length.fill_(cache.length)
+            cache = grown
+        return cache, last
+
+    def _diffusion_step(self, rows: list[_Row]) -> None:
+        model, L = self.model, self.L
+        key = tuple((id(r.cache), r.cache.length) for r in rows)
+        if len(rows) == 1:
+            cache = rows[0].cache
+        elif self._stacked is not None and self._stacked[0] == key:
+            cache = self._stacked[1]
+        else:
+            cache = KVCache.stack([r.cache for r in rows])
+            self._stacked = (key, cache)
+        canvas = torch.stack([r.canvas for r in rows])  # (B, L)
+        soft = None
+        if any(r.soft is not None for r in rows):
+            # A zero signal is exactly "no self-conditioning" (the gated MLP maps 0 to 0).
+            zeros = torch.zeros(L, model.config.hidden_size, device=model.device, dtype=model.dtype)
+            soft = torch.stack([r.soft if r.soft is not None else zeros for r in rows])  # (B, L, M)
+        t0 = time.perf_counter()
+        logits = model.denoise(canvas, cache, soft_embeddings=soft)  # (B, L, V)
+        temps = torch.stack([r.cfg.temperature(r.remaining) for r in rows]).to(model.device)
+        processed = logits.div_(temps[:, None, None])
+        new_soft = model.soft_embeddings(processed)  # (B, L, M): next step's self-conditioning
+        self.forward_s += time.perf_counter() - t0
+        for b, row in enumerate(rows):
+            stats = step_stats(processed[b : b + 1], row.noise)
+            free = row.free[None]
+            accepted = select_accepted(stats.entropy, free, row.cfg.entropy_bound)[0]
+            renoise = row.noise.uniform_tokens((1, L), model.config.vocab_size, model.device)[0]
+            row.canvas = torch.where(row.pinned, row.pinned_ids, torch.where(accepted, stats.sample[0], renoise))
+            row.argmax = torch.where(row.pinned, row.pinned_ids, stats.argmax[0])
+            row.soft = new_soft[b]
+            row.remaining -= 1
+            row.step_in_canvas += 1
+            row.steps += 1
+            row.forwards += 1
+            stop = bool(row.stopping.update(row.argmax[None], stats.entropy, free)[0]) or row.remaining == 0
+            if stop or row.step_in_canvas % row.req.stream_every == 0:
+                entropy = torch.where(row.pinned, torch.zeros_like(stats.entropy[0]), stats.entropy[0])
+                row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
+                                       tuple(row.argmax.tolist()), tuple(accepted.tolist()),
+                                       tuple(entropy.tolist()), time.perf_counter() - row.t0))
+            if stop:
+                self._commit(row)
+
+    def _ar_step(self, row: _Row) -> None:
+        """One token (or one run of pinned tokens) through the encoder."""
+        model = self.model
+        pos = row.ar_pos
+        if bool(row.pinned[pos]):
+            end = pos
+            while end < self.L and bool(row.pinned[end]):
+                end += 1
+            tokens = row.pinned_ids[pos:end]
+        else:
+            logits = row.last_logits.float()
+            if row.cfg.ar_temperature > 0:
+                probs = torch.softmax(logits / row.cfg.ar_temperature, dim=-1)
+                assert isinstance(row.noise, GumbelNoise)
+                tok = torch.multinomial(probs, 1, generator=row.noise.generator)
+            else:
+                tok = logits.argmax()[None]
+            tokens = tok.to(torch.long)
+            row.generated += 1
+            end = pos + 1
+        row.canvas[pos:end] = tokens
+        row.argmax[pos:end] = tokens
+        t0 = time.perf_counter()
+        out, _ = model.encode(tokens[None], cache=row.cache, logits="last")
+        self.forward_s += time.perf_counter() - t0
+        assert out is not None
+        row.last_logits = out[0, -1]
+        row.ar_pos = end
+        row.steps += 1
+        row.forwards += 1
+        row.step_in_canvas += 1
+        done = end >= self.L
+        if done or row.step_in_canvas % row.req.stream_every == 0:
+            accepted = torch.zeros(self.L, dtype=torch.bool)
+            accepted[pos:end] = True
+            row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
+                                   tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
+                                   time.perf_counter() - row.t0))
+        if done:
+            # The canvas is already in the cache; _commit must not encode it again.
+            self._commit(row, encoded=True)
+
+    def _commit(self, row: _Row, encoded: bool = False) -> None:
+        committed = row.argmax.tolist()
+        if row.cfg.mode == "diffusion":
+            row.generated += int(row.free.sum())
+        eos = set(self.model.config.eos_token_ids)
+        is_continuation = row.req.n_canvases > 1
+        hit_eos = is_continuation and any(t in eos for t in committed)
+        if hit_eos:
+            committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
+        row.canvases.append(tuple(committed))
+        if hit_eos or len(row.canvases) >= row.req.n_canvases:
+            self._finish(row, "completed")
+            return
+        if not encoded:
+            model = self.model
+            t0 = time.perf_counter()
+            model.encode(row.argmax[None], cache=row.cache, logits="none")
+            self.forward_s += time.perf_counter() - t0
+        self._stacked = None
+        # Later canvases continue the text: nothing pinned.
+        row.pinned.zero_()
+        row.new_canvas(self.L, self.model.device)
+
+    def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:
+        if row in self._rows:
+            self._rows.remove(row)
+        self._stacked = None
+        row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
+                              time.perf_counter() - row.t0, error))

@@ -1,0 +1,189 @@
+"""The pin-aware entropy-bound sampler: pure functions for one denoising step of a batch of canvases.
+
+Algorithm (transformers `EntropyBoundSampler` + `LinearTemperatureScheduleLogitsProcessor` +
+`StableAndConfidentStoppingCriteria`, generation_diffusion_gemma.py, v5.23.0): at step n of N (counting down
+N..1) the logits are divided by t = t_min + (t_max - t_min) * n / N; a denoised canvas is sampled; the slots with
+the lowest entropy are accepted while (cumulative entropy - max entropy) <= entropy_bound (arXiv 2505.24857); the
+rest are renoised with uniform random tokens; the processed logits feed the next step as self-conditioning; a row
+stops when its argmax canvas is unchanged for `stability_threshold` steps and its mean entropy is below
+`confidence_threshold`.
+
+Editing extension (ours): pinned slots always hold their token, are never renoised, never take part in the entropy
+ranking or the stopping statistics, and are forced in the committed (argmax) canvas. With no pins, every function
+here reproduces the reference bit for bit given the same random stream.
+
+Randomness comes from a `NoiseSource`: `ReferenceNoise` replays the reference's calls on a generator (the global
+one by default) for parity tests; `GumbelNoise` is the fast path, which samples inside the fused sampler step and
+never builds a probability tensor. Legend: B rows, L canvas slots, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor
+
+from kernels.sampler_step import sampler_step
+
+Mode = Literal["diffusion", "ar"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerConfig:
+    max_steps: int = 48  # the reference's max_denoising_steps
+    entropy_bound: float = 0.1  # higher accepts more slots per step: faster, less careful
+    t_max: float = 0.8  # temperature at the first step...
+    t_min: float = 0.4  # ...annealed linearly to this at the last
+    stability_threshold: int = 1  # steps the argmax canvas must stay unchanged before stopping
+    confidence_threshold: float = 0.005  # mean entropy (nats) under which a stable canvas may stop
+    seed: int | None = None  # None: nondeterministic
+    mode: Mode = "diffusion"
+    ar_temperature: float = 0.0  # AR mode: 0 is greedy
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= 1024:
+            raise ValueError(f"max_steps must be an integer in [1, 1024], got {self.max_steps!r}")
+        if not self.entropy_bound > 0:
+            raise ValueError(f"entropy_bound must be > 0, got {self.entropy_bound}")
+        if not 0 < self.t_min <= self.t_max:
+            raise ValueError(f"need 0 < t_min <= t_max, got t_min={self.t_min}, t_max={self.t_max}")
+        if self.stability_threshold < 0:
+            raise ValueError(f"stability_threshold must be >= 0, got {self.stability_threshold}")
+        if not self.confidence_threshold > 0:
+            raise ValueError(f"confidence_threshold must be > 0, got {self.confidence_threshold}")
+        if self.mode not in ("diffusion", "ar"):
+            raise ValueError(f"mode must be 'diffusion' or 'ar', got {self.mode!r}")
+        if self.ar_temperature < 0:
+            raise ValueError(f"ar_temperature must be >= 0, got {self.ar_temperature}")
+
+    def temperature(self, remaining: int) -> Tensor:
+        """Temperature when `remaining` steps are left (the reference counts down from max_steps to 1), as a 0-dim
+        fp32 tensor computed the way the reference computes it, so that dividing by it rounds identically."""
+        step = torch.tensor(remaining, dtype=torch.int32)
+        return self.t_min + (self.t_max - self.t_min) * (step / self.max_steps)
+
+
+# ---- noise --------------------------------------------------------------------------------------------------------
+class NoiseSource(Protocol):
+    """Where the sampler's randomness comes from. `sample` returns None when the fused step samples itself."""
+
+    def uniform_tokens(self, shape: tuple[int, int], vocab_size: int, device: torch.device) -> Tensor: ...
+
+    def sample(self, processed: Tensor) -> Tensor | None: ...
+
+    def step_seed(self) -> int | None:
+        """Seed for the fused step's Gumbel draw (never None: None would consume torch's global generator)."""
+        ...
+
+
+class ReferenceNoise:
+    """Replays the reference's random calls: randint for canvases, multinomial over softmax for samples.
+
+    With `generator=None` it draws from torch's global generator exactly as `DiffusionGemmaForBlockDiffusion.generate`
+    does, so seeding both the same way gives identical tokens. Materialises a probability tensor (B*L, V): use it
+    for parity, not for speed."""
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    def uniform_tokens(self, shape: tuple[int, int], vocab_size: int, device: torch.device) -> Tensor:
+        return torch.randint(0, vocab_size, shape, device=device, generator=self.generator)
+
+    def sample(self, processed: Tensor) -> Tensor | None:
+        B, L, V = processed.shape
+        probs = torch.softmax(processed, dim=-1, dtype=torch.float32)
+        return torch.multinomial(probs.view(-1, V), 1, generator=self.generator).view(B, L)
+
+    def step_seed(self) -> int | None:
+        # The fused step's own draw is discarded in favour of `sample`; a fixed seed keeps it off the global stream.
+        return 0
+
+
+class GumbelNoise:
+    """Fast path: uniform tokens from a seeded generator, samples by Gumbel-max inside the fused sampler step."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
+
+    def uniform_tokens(self, shape: tuple[int, int], vocab_size: int, device: torch.device) -> Tensor:
+        return torch.randint(0, vocab_size, shape, generator=self.generator).to(device)
+
+    def sample(self, processed: Tensor) -> Tensor | None:
+        return None
+
+    def step_seed(self) -> int | None:
+        return int(torch.randint(0, 2**62, (1,), generator=self.generator).item())
+
+
+# ---- one step -----------------------------------------------------------------------------------------------------
+@dataclass
+class StepStats:
+    """Per-slot results of one step: sampled, argmax and entropy (B, L)."""
+
+    sample: Tensor
+    argmax: Tensor
+    entropy: Tensor
+
+
+# Rows per fused call: bounds the temporaries of the reference implementation to (CHUNK, V) fp32 each, well
+# under one (B, L, V) tensor, whatever B is.
+_CHUNK_ROWS = 64
+
+
+def step_stats(processed: Tensor, noise: NoiseSource) -> StepStats:
+    """Sample, argmax and entropy of processed (temperature-scaled) logits (B, L, V), chunked over rows."""
+    B, L, V = processed.shape
+    ref_sample = noise.sample(processed)
+    flat = processed.view(-1, V)
+    seed = noise.step_seed()
+    samples, argmaxes, entropies = [], [], []
+    for i in range(0, flat.shape[0], _CHUNK_ROWS):
+        out = sampler_step(flat[i : i + _CHUNK_ROWS], 1.0, seed=(seed or 0) + i)
+        samples.append(out.sample)
+        argmaxes.append(out.argmax)
+        entropies.append(out.entropy)
+    sample = ref_sample if ref_sample is not None else torch.cat(samples).view(B, L)
+    return StepStats(sample, torch.cat(argmaxes).view(B, L), torch.cat(entropies).view(B, L))
+
+
+def select_accepted(entropy: Tensor, free: Tensor, entropy_bound: float) -> Tensor:
+    """Entropy-bound acceptance over free slots: (B, L) entropy, (B, L) bool free -> (B, L) bool accepted.
+
+    Sorting ascending, slot j is accepted when sum(entropy[:j+1]) - entropy[j] <= bound. Pinned (non-free) slots
+    are ranked last with +inf entropy and so can never be accepted nor shift the sums of free slots."""
+    ranked = torch.where(free, entropy, torch.full_like(entropy, float("inf")))
+    sorted_e, order = torch.sort(ranked, dim=-1)
+    # cumsum of inf tails is inf/nan only after every free slot; those positions are pinned and masked below.
+    cum = torch.cumsum(torch.nan_to_num(sorted_e, posinf=0.0), dim=-1)
+    chosen = (cum - torch.nan_to_num(sorted_e, posinf=0.0)) <= entropy_bound
+    accepted = torch.zeros_like(chosen).scatter(-1, order, chosen)
+    return accepted & free
+
+
+class StoppingState:
+    """Stable-and-confident stopping for B rows, over free slots only."""
+
+    def __init__(self, threshold: int, confidence: float, batch: int, length: int, device: torch.device) -> None:
+        self.threshold = threshold
+        self.confidence = confidence
+        self.history = torch.full((max(threshold, 1), batch, length), -1, dtype=torch.long, device=device)
+
+    def update(self, argmax: Tensor, entropy: Tensor, free: Tensor) -> Tensor:
+        """argmax (B, L), entropy (B, L), free (B, L) -> (B,) bool: stop now."""
+        if self.threshold == 0:
+            stable = torch.ones(argmax.shape[0], dtype=torch.bool, device=argmax.device)
+        else:
+            same = (self.history == argmax[None]) | ~free[None]
+            stable = same.all(dim=-1).all(dim=0)
+            self.history = torch.roll(self.history, shifts=-1, dims=0)
+            self.history[-1] = argmax
+        n_free = free.sum(-1).clamp(min=1)
+        mean_entropy = (entropy * free).sum(-1) / n_free
+        return stable & (mean_entropy < self.confidence)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only the given rows (after a batch shrinks)."""
+        self.history = self.history[:, rows]

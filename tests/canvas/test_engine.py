@@ -1,0 +1,163 @@
+"""Engine: pins hold, batching does not change a request's tokens, cancel, AR mode, continuation, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from canvas.engine import Done, Engine, Frame, GenRequest
+from canvas.model import DiffusionModel, ModelConfig
+from canvas.sampler import SamplerConfig
+
+
+@pytest.fixture(scope="module")
+def model() -> DiffusionModel:
+    torch.manual_seed(0)
+    return DiffusionModel(ModelConfig.from_name("tiny")).eval()
+
+
+def request(model: DiffusionModel, seed: int, n_ctx: int = 6, **kw) -> GenRequest:
+    g = torch.Generator().manual_seed(seed)
+    V, L = model.config.vocab_size, model.config.canvas_length
+    ctx = tuple(torch.randint(3, V, (n_ctx,), generator=g).tolist())
+    slots = tuple(torch.randint(3, V, (L,), generator=g).tolist())
+    pinned = tuple(bool(i % 3 == 0) for i in range(L))  # every third slot pinned
+    cfg = kw.pop("config", SamplerConfig(max_steps=6, seed=seed))
+    return GenRequest(ctx, slots, pinned, cfg, **kw)
+
+
+def run(engine: Engine, reqs: list[GenRequest]) -> tuple[list[Done], list[list[Frame]]]:
+    frames: list[list[Frame]] = [[] for _ in reqs]
+    handles = [
+        engine.submit(r, lambda e, i=i: frames[i].append(e) if isinstance(e, Frame) else None)
+        for i, r in enumerate(reqs)
+    ]
+    engine.run_until_idle()
+    return [h.wait(0) for h in handles], frames
+
+
+def test_pins_hold_in_every_frame_and_result(model: DiffusionModel) -> None:
+    req = request(model, 1)
+    (done,), (frames,) = run(Engine(model), [req])
+    assert done.status == "completed" and len(done.canvases) == 1
+    assert 1 <= len(frames) <= req.config.max_steps and done.steps == len(frames)
+    for canvas in [*(f.draft for f in frames), done.canvases[0]]:
+        for tok, want, pin in zip(canvas, req.slot_ids, req.pinned, strict=True):
+            if pin:
+                assert tok == want
+    for f in frames:
+        assert not any(a and p for a, p in zip(f.accepted, req.pinned, strict=True))
+        assert all(e == 0.0 for e, p in zip(f.entropy, req.pinned, strict=True) if p)
+    assert done.generated == sum(not p for p in req.pinned)
+
+
+def test_batched_equals_alone(model: DiffusionModel) -> None:
+    """Three requests of different context lengths batched together give each the tokens it gets alone."""
+    reqs = [request(model, s, n_ctx=n) for s, n in ((2, 3), (3, model.config.sliding_window + 7), (4, 9))]
+    alone = [run(Engine(model, max_batch=1), [r])[0][0].canvases for r in reqs]
+    together, _ = run(Engine(model, max_batch=8), reqs)
+    assert [d.canvases for d in together] == alone
+
+
+def test_join_between_steps(model: DiffusionModel) -> None:
+    """A request submitted while another runs joins the batch at the next step and still matches its solo run."""
+    first, second = request(model, 5), request(model, 6, n_ctx=11)
+    solo = run(Engine(model), [second])[0][0].canvases
+    engine = Engine(model)
+    h1 = engine.submit(first)
+    engine.step()
+    engine.step()
+    h2 = engine.submit(second)
+    engine.run_until_idle()
+    assert h1.wait(0).status == "completed"
+    assert h2.wait(0).canvases == solo
+
+
+def test_cancel_between_steps(model: DiffusionModel) -> None:
+    engine = Engine(model)
+    req = request(model, 7, config=SamplerConfig(max_steps=40, seed=7))
+    h = engine.submit(req)
+    engine.step()
+    h.cancel()
+    engine.run_until_idle()
+    done = h.wait(0)
+    assert done.status == "cancelled" and done.steps == 1
+
+
+def test_background_thread(model: DiffusionModel) -> None:
+    engine = Engine(model)
+    engine.start()
+    try:
+        got = threading.Event()
+        h = engine.submit(request(model, 8), lambda e: got.set() if isinstance(e, Done) else None)
+        assert h.wait(60).status == "completed"
+        assert got.is_set()
+    finally:
+        engine.stop()
+
+
+def test_ar_greedy_matches_manual_decode(model: DiffusionModel) -> None:
+    L = model.config.canvas_length
+    ctx = (5, 9, 14, 3)
+    req = GenRequest(ctx, (), (), SamplerConfig(mode="ar"))
+    (done,), (frames,) = run(Engine(model), [req])
+    ids = list(ctx)
+    for _ in range(L):
+        logits, _ = model.encode(torch.tensor([ids]), logits="last")
+        assert logits is not None
+        ids.append(int(logits[0, -1].argmax()))
+    assert list(done.canvases[0]) == ids[len(ctx) :]
+    assert done.forwards == L and done.tokens_per_forward == 1.0
+
+
+def test_ar_feeds_pinned_runs_at_once(model: DiffusionModel) -> None:
+    slots = (7, 8, 9, 0, 0, 10)
+    pinned = (True, True, True, False, False, True)
+    req = GenRequest((4, 5), slots, pinned, SamplerConfig(mode="ar"))
+    (done,), _ = run(Engine(model), [req])
+    out = done.canvases[0]
+    assert out[:3] == (7, 8, 9) and out[5] == 10
+    # 1 forward for the pinned run, 1 per free slot up to the next pin, 1 for the pin, then one per trailing slot
+    assert done.forwards == 1 + 2 + 1 + (model.config.canvas_length - 6)
+
+
+def test_continuation_stops_at_eos(model: DiffusionModel) -> None:
+    eos = model.config.eos_token_ids[0]
+    req = GenRequest((4, 5, 6), (), (), SamplerConfig(max_steps=3, seed=1), n_canvases=3)
+    (done,), _ = run(Engine(model), [req])
+    assert 1 <= len(done.canvases) <= 3
+    for c in done.canvases[:-1]:
+        assert eos not in c and len(c) == model.config.canvas_length
+    if eos in done.canvases[-1]:
+        assert done.canvases[-1][-1] == eos
+
+
+def test_context_cache_reused(model: DiffusionModel, monkeypatch) -> None:
+    engine = Engine(model)
+    calls = []
+    original = model.encode
+
+    def counting(*a, **k):
+        calls.append(a[0].shape)
+        return original(*a, **k)
+
+    monkeypatch.setattr(model, "encode", counting)
+    run(engine, [request(model, 9)])
+    run(engine, [request(model, 9)])
+    assert len(calls) == 1
+
+
+def test_invalid_requests(model: DiffusionModel) -> None:
+    engine = Engine(model)
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.submit(GenRequest((), (), ()))
+    with pytest.raises(ValueError, match="exceed the canvas length"):
+        engine.submit(GenRequest((1,), (1,) * 999, (True,) * 999))
+    with pytest.raises(ValueError, match="pinned has 1 entries for 2 slots"):
+        engine.submit(GenRequest((1,), (1, 2), (True,)))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.submit(GenRequest((10**6,), (), ()))
+    with pytest.raises(ValueError, match="max_steps"):
+        SamplerConfig(max_steps=0)
