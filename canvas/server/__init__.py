@@ -1,0 +1,84 @@
+"""The dcanvas/1 server: `dcanvas serve [--host 127.0.0.1] [--port 8765] [--model DIR] [--db PATH] [--token T]`.
+
+A Starlette app on uvicorn (`app`): the web client at `/`, `/health`, `/schema`, and the websocket `/ws` that
+speaks dcanvas/1 (docs/protocol.md). Modules: `config` (ServerConfig), `security` (bind/token policy, Origin,
+rate limits), `backend` (model + engine + tokenizer), `state` (sessions, live documents), `hub` (request handlers),
+`gens` (one task per generation), `outbox` (per-connection sending with latest-wins progress), `rebase` (versions).
+
+This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from canvas.server.config import ServerConfig
+
+
+def create_app(config: ServerConfig, **kwargs: Any) -> Starlette:
+    from canvas.server.app import create_app as _create_app
+
+    return _create_app(config, **kwargs)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8765, help="TCP port (default 8765)")
+    parser.add_argument("--model", default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--db", default=None, help="SQLite file for documents (default ~/.local/share/dcanvas/)")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="shared secret clients send in hello (default $DCANVAS_TOKEN); required off loopback",
+    )
+    parser.add_argument("--origin", action="append", default=[], help="also allow browser pages from this origin")
+    parser.add_argument("--allow-host", action="append", default=[], help="also serve this Host header on loopback")
+    parser.add_argument("--web", default=None, help="folder served at / (default: the repository's web/)")
+    parser.add_argument("--max-batch", type=int, default=8, help="generations stepped together (default 8)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from canvas.server.config import TOKEN_ENV, ServerConfig
+
+    fields: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "token": args.token or os.environ.get(TOKEN_ENV) or None,
+        "model_dir": args.model,
+        "origins": tuple(args.origin),
+        "hosts": tuple(args.allow_host),
+        "max_batch": args.max_batch,
+    }
+    if args.db is not None:
+        fields["db"] = args.db
+    if args.web is not None:
+        fields["web_dir"] = args.web
+    try:
+        config = ServerConfig(**fields)
+        app = create_app(config)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dcanvas serve: {e}")
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {config.db})", flush=True)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=args.log_level,
+        # Frames up to twice the limit reach the parser and get a typed too_large; larger ones close with 1009.
+        ws_max_size=2 * config.limits.max_frame_bytes,
+        ws_ping_interval=20.0,
+        ws_ping_timeout=20.0,
+    )
+    return 0

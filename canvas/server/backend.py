@@ -1,0 +1,127 @@
+"""What the server generates with: a model directory loaded into an `Engine` plus the tokenizer and special ids.
+
+Owns `Backend` (one per server: one engine, shared by every session) and its loading. A model directory holds
+`config.json` + `model.safetensors` (our DiffusionGemma layout, `canvas.model.io`) and an HF tokenizer
+(`tokenizer.json`, ...). `write_tiny_checkpoint` makes a small random-weight directory of that layout, so tests,
+the TUI's and the web page's tests can run a real server (model, engine, sampler) on a CPU in seconds.
+
+The BOS token (when the tokenizer has one) is prepended to every context, as the tokenizer itself does when it
+encodes a prompt; `<null>` (when present) lets an infill come out shorter than its gap; EOS ends a region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canvas.document import DocumentConfig, HFTokenizer
+from canvas.engine import Engine
+
+# A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
+_TINY_TEXT = """\
+The cat sat on the mat and watched the rain. A dog ran past the open door, and the cat did not move.
+Once upon a time there was a small house by a river. In the house lived a man who wrote letters every day.
+She opened the window, looked at the garden, and began to write. The morning was cold and very quiet.
+We walked along the road until the sun went down, then we sat by the fire and talked about the sea.
+"""
+
+
+@dataclass
+class Backend:
+    name: str
+    engine: Engine
+    tokenizer: HFTokenizer  # the document's view of the tokenizer
+    canvas_length: int
+    bos_id: int | None
+    eos_id: int | None
+    null_id: int | None
+    modes: tuple[str, ...] = ("diffusion", "ar")
+    _decoded: dict[int, str] = field(default_factory=dict, repr=False)
+
+    def token_text(self, token: int) -> str:
+        """The text of one token for display (a lone byte of a multi-byte character shows as U+FFFD)."""
+        cache = self._decoded
+        text = cache.get(token)
+        if text is None:
+            text = cache[token] = self.tokenizer.decode([token])
+        return text
+
+    def document_config(self) -> DocumentConfig:
+        return DocumentConfig(canvas_length=self.canvas_length, max_undo=200)
+
+    def context(self, ids: tuple[int, ...]) -> tuple[int, ...]:
+        return ids if self.bos_id is None else (self.bos_id, *ids)
+
+
+def _special_id(tok: Any, attr: str, token: str | None = None) -> int | None:
+    value = getattr(tok, attr, None)
+    if isinstance(value, int):
+        return value
+    if token is not None:
+        found = tok.convert_tokens_to_ids(token)
+        unk = getattr(tok, "unk_token_id", None)
+        if isinstance(found, int) and found != unk:
+            return found
+    return None
+
+
+def load_backend(model_dir: str | Path, *, max_batch: int = 8) -> Backend:
+    """Load the model and tokenizer in `model_dir` and start nothing yet (the server starts the engine)."""
+    from transformers import AutoTokenizer
+
+    from canvas.model import load_pretrained
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
+    model = load_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    null_id = _special_id(tok, "null_token_id", "<null>")
+    if null_id is None:
+        null_id = model.config.null_token_id
+    eos_id = _special_id(tok, "eos_token_id")
+    if eos_id is None and model.config.eos_token_ids:
+        eos_id = model.config.eos_token_ids[0]
+    return Backend(
+        name=model.config.name or path.name,
+        engine=Engine(model, max_batch=max_batch),
+        tokenizer=HFTokenizer(tok),
+        canvas_length=model.config.canvas_length,
+        bos_id=_special_id(tok, "bos_token_id"),
+        eos_id=eos_id,
+        null_id=null_id,
+    )
+
+
+def default_model_dir() -> Path | None:
+    """The embedded default model, when this installation has one."""
+    candidate = Path(__file__).resolve().parents[1] / "assets" / "default-model"
+    return candidate if (candidate / "config.json").is_file() else None
+
+
+def write_tiny_checkpoint(path: str | Path, *, seed: int = 0, canvas_length: int = 32) -> Path:
+    """Write a random-weight `tiny` model with a small trained tokenizer to `path` (a directory)."""
+    import torch
+
+    from canvas.model import PRESETS, DiffusionModel, save_pretrained
+    from canvas.training.tokenizer import MIN_VOCAB, save_tokenizer, special_ids, train_tokenizer
+
+    out = Path(path)
+    tok = train_tokenizer([_TINY_TEXT] * 4, vocab_size=MIN_VOCAB + 96, min_frequency=2)
+    ids = special_ids(tok)
+    cfg = dataclasses.replace(
+        PRESETS["tiny"],
+        vocab_size=tok.get_vocab_size(),
+        canvas_length=canvas_length,
+        pad_token_id=ids["pad"],
+        bos_token_id=ids["bos"],
+        eos_token_ids=(ids["eos"],),
+        null_token_id=ids["null"],
+        name="tiny-random",
+    )
+    torch.manual_seed(seed)
+    save_pretrained(DiffusionModel(cfg), out)
+    save_tokenizer(tok, out)
+    return out

@@ -1,0 +1,288 @@
+"""Generations: from `gen.start` to exactly one `gen.done`, each driven by its own asyncio task.
+
+A `Run` is submitted to the engine (which steps every running canvas in one batched forward on its own thread);
+the engine's events cross to the event loop with `call_soon_threadsafe` and the run's task turns them into
+`gen.progress` deltas (only slots whose token, acceptance or entropy changed) on the owner's `Outbox`, then a
+`gen.done`. Because the run is a task, the session keeps reading requests while it runs: a `gen.cancel`, an
+edit that makes it stale, or a new `gen.start` that supersedes it all stop it between engine steps, and whatever
+stopped it, the engine still reports `Done` and the run still sends its one `gen.done` with the reason.
+
+While a run is going, a disjoint change may move the document on; the first such change snapshots the document
+at the run's base version, so the proposal is read back against the canvas the engine actually filled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from canvas.document import Document, DocumentError
+from canvas.engine import Done, Frame, GenHandle, GenRequest
+from canvas.protocol import (
+    Ack,
+    DiffSegment,
+    ErrorCode,
+    GenAccepted,
+    GenCancel,
+    GenDone,
+    GenParams,
+    GenStart,
+    GenStats,
+    GenStatus,
+    Proposal,
+    ProtocolError,
+    SlotUpdate,
+)
+from canvas.sampler import SamplerConfig
+from canvas.server.rebase import Change, conflicts, rebase_range
+from canvas.server.state import LiveDoc, PendingProposal, RecentOutcomes, Session
+
+if TYPE_CHECKING:
+    from canvas.server.hub import Hub
+
+log = logging.getLogger("canvas.server")
+
+
+@dataclass(eq=False)
+class Run:
+    id: str
+    session: Session
+    live: LiveDoc
+    re: str | int | None
+    params: GenParams
+    base_v: int
+    region: tuple[int, int]  # the text the generation replaces, in the current text's offsets
+    pinned: tuple[bool, ...]  # per slot in use
+    handle: GenHandle | None = None
+    reason: GenStatus | None = None  # why we stopped it: cancelled, superseded or stale
+    snapshot: Document | None = None  # the document at base_v, once it has moved on
+    events: asyncio.Queue[Frame | Done] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+    shown: dict[int, tuple[int, bool, float | None]] = field(default_factory=dict)
+
+    @property
+    def n_free(self) -> int:
+        return self.pinned.count(False)
+
+    def stop(self, reason: GenStatus) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+class Generations:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.runs: dict[str, Run] = {}
+        self.outcomes = RecentOutcomes()
+
+    # -- requests --------------------------------------------------------------------------------------------
+
+    async def start(self, session: Session, msg: GenStart) -> None:
+        hub = self.hub
+        live = await hub.live(msg.doc_id)
+        async with live.lock:
+            doc = live.doc
+            if msg.base_v != doc.version:
+                raise ProtocolError(
+                    ErrorCode.STALE_VERSION,
+                    f"document {doc.doc_id} is at v{doc.version}, not v{msg.base_v}",
+                    data={"current_v": doc.version},
+                )
+            if len(session.gens) >= hub.limits.max_gens_per_session:
+                raise ProtocolError(
+                    ErrorCode.BUSY, f"{len(session.gens)} generations are running on this connection; wait for one"
+                )
+            view = doc.canvas_view()
+            if not view.free_regions:
+                raise ProtocolError(
+                    ErrorCode.CONFLICT, "nothing to generate: mask some text or insert a gap in the canvas window"
+                )
+            if live.run is not None:
+                live.run.stop("superseded")
+            p = msg.params
+            params = p if p.seed is not None else p.model_copy(update={"seed": secrets.randbits(63)})
+            assert params.seed is not None
+            config = SamplerConfig(
+                max_steps=params.max_steps,
+                entropy_bound=params.entropy_bound,
+                t_max=params.t_max,
+                t_min=params.t_min,
+                seed=params.seed,
+                mode=params.mode,
+            )
+            region = (min(r.char_start for r in view.free_regions), max(r.char_end for r in view.free_regions))
+            run = Run("g-" + secrets.token_hex(6), session, live, msg.id, params, doc.version, region, view.pinned)
+            request = GenRequest(
+                context_ids=hub.backend.context(view.context_ids),
+                slot_ids=view.slot_ids,
+                pinned=view.pinned,
+                config=config,
+                stream_every=params.stream_every,
+            )
+            loop = asyncio.get_running_loop()
+
+            def deliver(ev: Frame | Done) -> None:  # on the engine's thread
+                try:
+                    loop.call_soon_threadsafe(run.events.put_nowait, ev)
+                except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
+                    pass
+
+            run.handle = hub.backend.engine.submit(request, deliver)
+            self.runs[run.id] = run
+            session.gens.add(run.id)
+            live.run = run
+            # The reply goes out before the task exists, so it precedes every progress frame.
+            session.send(GenAccepted(re=msg.id, gen=run.id, doc_id=doc.doc_id, base_v=doc.version, params=params))
+            run.task = asyncio.create_task(self._drive(run), name=f"dcanvas-{run.id}")
+            hub.broadcast(live, exclude=session)
+
+    async def cancel(self, session: Session, msg: GenCancel) -> Ack:
+        run = self.runs.get(msg.gen)
+        if run is None or run.session is not session:
+            if msg.gen in self.outcomes:
+                return Ack()  # already over: cancelling is idempotent
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no generation {msg.gen!r} on this connection")
+        run.stop("cancelled")
+        return Ack()
+
+    # -- hooks from the hub ----------------------------------------------------------------------------------
+
+    def stop_session(self, session: Session) -> None:
+        for gen in list(session.gens):
+            run = self.runs.get(gen)
+            if run is not None:
+                run.stop("cancelled")
+
+    def before_change(self, live: LiveDoc) -> None:
+        run: Run | None = live.run
+        if run is not None and run.snapshot is None and live.doc.version == run.base_v:
+            run.snapshot = Document.from_dict(live.doc.to_dict(), self.hub.backend.tokenizer)
+
+    def after_change(self, live: LiveDoc, change: Change) -> None:
+        run: Run | None = live.run
+        if run is None or run.reason is not None:
+            return
+        if conflicts(run.region[0], run.region[1], change):
+            run.stop("stale")
+        else:
+            moved = rebase_range(run.region[0], run.region[1], [change])
+            assert moved is not None
+            run.region = moved
+
+    def resolved(self, gen: str, outcome: str) -> None:
+        self.outcomes.note(gen, outcome)
+
+    def outcome(self, gen: str) -> str | None:
+        return self.outcomes.get(gen)
+
+    # -- the run's task --------------------------------------------------------------------------------------
+
+    async def _drive(self, run: Run) -> None:
+        try:
+            while True:
+                ev = await run.events.get()
+                if isinstance(ev, Frame):
+                    self._progress(run, ev)
+                else:
+                    await self._finish(run, ev)
+                    return
+        except asyncio.CancelledError:
+            if run.handle is not None:
+                run.handle.cancel()
+            raise
+        except Exception:
+            log.exception("generation %s failed in the server", run.id)
+            self._close(run, "failed", None, None, "internal server error")
+
+    def _progress(self, run: Run, frame: Frame) -> None:
+        text = self.hub.backend.token_text
+        slots: list[SlotUpdate] = []
+        accepted = 0
+        for k, pinned in enumerate(run.pinned):
+            if pinned:
+                continue
+            token, ok = int(frame.draft[k]), bool(frame.accepted[k])
+            e = float(frame.entropy[k])
+            entropy = round(e, 3) if math.isfinite(e) and e >= 0 else None
+            accepted += ok
+            key = (token, ok, entropy)
+            if run.shown.get(k) != key:
+                run.shown[k] = key
+                slots.append(SlotUpdate(i=k, token=token, text=text(token), entropy=entropy, accepted=ok))
+        run.session.outbox.progress(
+            run.id,
+            re=run.re,
+            step=frame.step,
+            max_steps=frame.max_steps,
+            slots=slots,
+            accepted=accepted,
+            free=run.n_free,
+            elapsed_s=frame.elapsed_s,
+        )
+
+    async def _finish(self, run: Run, done: Done) -> None:
+        live = run.live
+        async with live.lock:
+            status: GenStatus = run.reason or done.status
+            proposal: Proposal | None = None
+            message: str | None = None
+            if status == "completed":
+                try:
+                    proposal = self._proposal(run, done)
+                except DocumentError as e:
+                    log.warning("generation %s: no proposal: %s", run.id, e)
+                    status, message = "failed", f"the generation could not be read back: {e}"
+            elif status == "failed":
+                message = (done.error or "the engine failed")[:300]
+            elif status == "stale":
+                message = "an edit overlapped the text being generated"
+            self._close(run, status, proposal, done, message)
+
+    def _proposal(self, run: Run, done: Done) -> Proposal:
+        live, backend = run.live, self.hub.backend
+        if not done.canvases:
+            raise DocumentError("the engine returned no canvas")
+        source = live.doc if live.doc.version == run.base_v else run.snapshot
+        assert source is not None  # taken by before_change when the document first moved on
+        ids = done.canvases[0][: len(run.pinned)]
+        made = source.make_proposal(ids, backend.null_id, eos_id=backend.eos_id)
+        start, end = run.region  # the same span as made.start/end, moved over later disjoint changes
+        live.proposals[run.id] = PendingProposal(run.id, run.session, made, start, end)
+        segments = [DiffSegment(op=c.op, text=c.text) for c in made.diff]
+        return Proposal(base_v=live.doc.version, start=start, end=end, text=made.new_text, diff=segments)
+
+    def _close(
+        self, run: Run, status: GenStatus, proposal: Proposal | None, done: Done | None, message: str | None
+    ) -> None:
+        live = run.live
+        self.runs.pop(run.id, None)
+        run.session.gens.discard(run.id)
+        self.resolved(run.id, status if proposal is None else "pending")
+        was_current = live.run is run
+        if was_current:
+            live.run = None
+        stats = GenStats(
+            steps=done.steps if done else 0,
+            tokens_per_forward=round(done.tokens_per_forward, 4) if done else 0.0,
+            tok_s=round(done.tok_s, 2) if done else 0.0,
+            wall_s=round(done.wall_s, 4) if done else 0.0,
+        )
+        msg = GenDone(re=run.re, gen=run.id, doc_id=live.doc_id, status=status, proposal=proposal, stats=stats)
+        run.session.send(msg if message is None else msg.model_copy(update={"message": message}))
+        if was_current:
+            self.hub.broadcast(live)
+        self.hub._maybe_unload(live)
+
+    async def shutdown(self) -> None:
+        tasks = [r.task for r in self.runs.values() if r.task is not None]
+        for run in list(self.runs.values()):
+            run.stop("cancelled")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,403 @@
+"""The server's state and request handlers: sessions, live documents, generations, proposals.
+
+Owns every document that a session has open (`LiveDoc`: the `canvas.document.Document`, its change log, its
+subscribers, its running generation and pending proposals) and the generations (`canvas.server.gens`). Handlers take
+a parsed request and either return the reply or raise (`ProtocolError`, or a domain error that
+`canvas.protocol.error_for_exception` maps to a code); `handle` sends one or the other with `re`.
+
+Invariants:
+- One `asyncio.Lock` per document serialises its mutations; a mutation is acknowledged (reply and broadcast) only
+  after `Store.save` has returned, so a `kill -9` loses no acknowledged change.
+- Every change is measured (`rebase.diff`) and recorded with the version it made; edits against an old version are
+  rebased over those changes or refused with `stale_version`. A change that overlaps a running generation's region
+  stops it (`stale`); one that overlaps a pending proposal makes accepting it fail with `stale_version`.
+- The engine never waits on a session: generations report through their session's `Outbox`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from canvas import __version__
+from canvas.document import Document, InsertGap, Mask, MoveWindow, Op, Pin, Replace, Unmask, Unpin
+from canvas.protocol import (
+    PROTOCOL,
+    Ack,
+    ClientRequest,
+    DocClose,
+    DocEdit,
+    DocList,
+    DocListing,
+    DocOpen,
+    DocState,
+    DocSummary,
+    EditOp,
+    ErrorCode,
+    Hello,
+    HistoryRedo,
+    HistoryUndo,
+    InsertGapOp,
+    MaskOp,
+    ModelInfo,
+    MoveWindowOp,
+    Ping,
+    PinOp,
+    Pong,
+    ProposalAccept,
+    ProposalReject,
+    ProtocolError,
+    ReplaceOp,
+    ServerInfo,
+    ServerLimits,
+    ServerReply,
+    Span,
+    UnmaskOp,
+    UnpinOp,
+    Welcome,
+    Window,
+    error_for_exception,
+)
+from canvas.server.backend import Backend
+from canvas.server.gens import Generations
+from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
+from canvas.server.security import token_ok
+from canvas.server.state import LiveDoc, PendingProposal, Session, snapshot
+from canvas.store import Store
+
+log = logging.getLogger("canvas.server")
+
+
+def to_doc_op(op: EditOp) -> Op:
+    match op:
+        case ReplaceOp():
+            return Replace(op.start, op.end, op.text)
+        case PinOp():
+            return Pin(op.start, op.end)
+        case UnpinOp():
+            return Unpin(op.start, op.end)
+        case MaskOp():
+            return Mask(op.start, op.end)
+        case UnmaskOp():
+            return Unmask(op.start, op.end)
+        case InsertGapOp():
+            return InsertGap(op.at, op.n_tokens)
+        case MoveWindowOp():
+            return MoveWindow(op.start)
+    raise TypeError(f"not an edit op: {op!r}")  # pragma: no cover - the union is closed
+
+
+def _length_after(length: int, ops: list[EditOp]) -> int:
+    for op in ops:
+        if isinstance(op, ReplaceOp):
+            length += len(op.text) - (min(op.end, length) - min(op.start, length))
+    return length
+
+
+class Hub:
+    def __init__(self, backend: Backend, store: Store, limits: ServerLimits, token: str | None = None) -> None:
+        self.backend, self.store, self.limits, self.token = backend, store, limits, token
+        self.sessions: dict[str, Session] = {}
+        self.docs: dict[str, LiveDoc] = {}
+        self.gens = Generations(self)
+        self._load_lock = asyncio.Lock()
+        self._handlers: dict[str, Callable[[Session, Any], Awaitable[ServerReply | None]]] = {
+            "hello": self._hello,
+            "doc.open": self._doc_open,
+            "doc.close": self._doc_close,
+            "doc.edit": self._doc_edit,
+            "doc.list": self._doc_list,
+            "history.undo": self._undo,
+            "history.redo": self._redo,
+            "gen.start": self.gens.start,
+            "gen.cancel": self.gens.cancel,
+            "proposal.accept": self._accept,
+            "proposal.reject": self._reject,
+            "ping": self._ping,
+        }
+
+    # -- sessions --------------------------------------------------------------------------------------------
+
+    def open_session(self, session: Session) -> None:
+        self.sessions[session.id] = session
+
+    def close_session(self, session: Session) -> None:
+        self.sessions.pop(session.id, None)
+        self.gens.stop_session(session)
+        for doc_id in list(session.docs):
+            live = self.docs.get(doc_id)
+            if live is not None:
+                live.subscribers.discard(session)
+                for gen in [g for g, p in live.proposals.items() if p.session is session]:
+                    del live.proposals[gen]
+                self._maybe_unload(live)
+        session.docs.clear()
+
+    async def handle(self, session: Session, msg: ClientRequest) -> None:
+        """Run one request; send its reply or its error (with `re`)."""
+        try:
+            if not session.hello and not isinstance(msg, Hello):
+                raise ProtocolError(ErrorCode.UNAUTHORIZED, "send hello first")
+            reply = await self._handlers[msg.type](session, msg)  # type: ignore[attr-defined]
+            if reply is not None:
+                session.send(reply.model_copy(update={"re": msg.id}))
+        except Exception as e:  # every failure becomes a typed error; the connection stays open
+            err = error_for_exception(e, msg.id)
+            if err.code is ErrorCode.INTERNAL:
+                log.exception("session %s: %s failed", session.id, getattr(msg, "type", "?"))
+            session.send(err.to_message())
+
+    # -- documents -------------------------------------------------------------------------------------------
+
+    def state(self, live: LiveDoc) -> DocState:
+        doc = live.doc
+        start, end = doc.window()
+        return DocState(
+            doc_id=doc.doc_id,
+            v=doc.version,
+            name=live.name,
+            text=doc.text,
+            window=Window(start=start, end=end),
+            spans=[Span(kind=s.kind, start=s.start, end=s.end, slots=s.slots) for s in doc.spans()],
+            can_undo=doc.can_undo,
+            can_redo=doc.can_redo,
+            gen=None if live.run is None else live.run.id,
+        )
+
+    def broadcast(self, live: LiveDoc, exclude: Session | None = None) -> None:
+        msg = self.state(live)
+        for s in list(live.subscribers):
+            if s is not exclude:
+                s.send(msg)
+
+    async def live(self, doc_id: str) -> LiveDoc:
+        """The document in memory, loaded from the store if needed; `DocumentNotFound` if there is none."""
+        live = self.docs.get(doc_id)
+        if live is not None:
+            return live
+        async with self._load_lock:  # two sessions opening one document must share one LiveDoc
+            live = self.docs.get(doc_id)
+            if live is None:
+                _, state = await asyncio.to_thread(self.store.load, doc_id)
+                doc = Document.from_dict(state, self.backend.tokenizer)
+                records = {r.doc_id: r for r in await asyncio.to_thread(self.store.list_docs)}
+                name = records[doc_id].name if doc_id in records else ""
+                live = LiveDoc(doc, name, snapshot(doc), ChangeLog(doc.version))
+                self.docs[doc_id] = live
+            return live
+
+    def _maybe_unload(self, live: LiveDoc) -> None:
+        if not live.subscribers and live.run is None and not live.proposals:
+            self.docs.pop(live.doc_id, None)
+
+    async def mutate(
+        self, live: LiveDoc, apply: Callable[[], object], ops_json: list[Any], session: Session | None
+    ) -> Change | None:
+        """Apply a change under the document's lock (held by the caller), then measure, save and broadcast it."""
+        doc = live.doc
+        before = doc.version
+        self.gens.before_change(live)
+        apply()  # raises on bad input and then leaves the document as it was
+        if doc.version == before:
+            return None  # a no-op is not a change: nothing to save or tell anyone
+        after = snapshot(doc)
+        change = diff(live.snap, after)
+        live.snap = after
+        live.log.record(doc.version, change)
+        if change is not None:
+            self.gens.after_change(live, change)
+            for p in live.proposals.values():
+                moved = None if p.stale else rebase_range(p.start, p.end, [change])
+                if moved is None:
+                    p.stale = True
+                else:
+                    p.start, p.end = moved
+        state = doc.to_dict()
+        await asyncio.to_thread(self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name)
+        self.broadcast(live, exclude=session)
+        return change
+
+    def _subscribe(self, session: Session, live: LiveDoc) -> None:
+        if live.doc_id not in session.docs and len(session.docs) >= self.limits.max_open_docs:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE, f"a session may have {self.limits.max_open_docs} documents open; close one"
+            )
+        session.docs.add(live.doc_id)
+        live.subscribers.add(session)
+
+    # -- handlers --------------------------------------------------------------------------------------------
+
+    async def _hello(self, session: Session, msg: Hello) -> Welcome:
+        if session.hello:
+            raise ProtocolError(ErrorCode.CONFLICT, "hello was already sent on this connection")
+        if msg.protocol != PROTOCOL:
+            session.close_after = (4409, "unsupported protocol")
+            raise ProtocolError(ErrorCode.UNSUPPORTED_PROTOCOL, f"this server speaks {PROTOCOL}, not {msg.protocol!r}")
+        if not token_ok(msg.token, self.token):
+            session.close_after = (1008, "unauthorized")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
+        session.hello = True
+        b = self.backend
+        return Welcome(
+            session=session.id,
+            server=ServerInfo(name="dcanvas", version=__version__),
+            model=ModelInfo(name=b.name, canvas_length=b.canvas_length, modes=list(b.modes)),  # type: ignore[arg-type]
+            limits=self.limits.to_wire(),
+        )
+
+    async def _doc_open(self, session: Session, msg: DocOpen) -> DocState:
+        if msg.doc_id is not None:
+            live = await self.live(msg.doc_id)
+            self._subscribe(session, live)
+            if msg.name is not None and msg.name != live.name:
+                async with live.lock:
+                    live.name = msg.name
+                    state = live.doc.to_dict()
+                    await asyncio.to_thread(self.store.save, live.doc_id, live.doc.version, state, None, name=msg.name)
+            return self.state(live)
+        text = msg.text or ""
+        if len(text) > self.limits.max_doc_chars:
+            raise ProtocolError(ErrorCode.TOO_LARGE, f"a document may hold {self.limits.max_doc_chars} characters")
+        if await asyncio.to_thread(self.store.count) >= self.limits.max_docs:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE, f"the server holds its maximum of {self.limits.max_docs} documents"
+            )
+        if len(session.docs) >= self.limits.max_open_docs:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE, f"a session may have {self.limits.max_open_docs} documents open; close one"
+            )
+        doc = Document(self.backend.tokenizer, text, config=self.backend.document_config(), doc_id=secrets.token_hex(8))
+        live = LiveDoc(doc, msg.name or "", snapshot(doc), ChangeLog(doc.version))
+        await asyncio.to_thread(self.store.save, doc.doc_id, doc.version, doc.to_dict(), None, name=live.name)
+        self.docs[doc.doc_id] = live
+        self._subscribe(session, live)
+        return self.state(live)
+
+    async def _doc_close(self, session: Session, msg: DocClose) -> Ack:
+        session.docs.discard(msg.doc_id)
+        live = self.docs.get(msg.doc_id)
+        if live is not None:
+            live.subscribers.discard(session)
+            self._maybe_unload(live)
+        return Ack()
+
+    async def _doc_list(self, session: Session, msg: DocList) -> DocListing:
+        records = await asyncio.to_thread(self.store.list_docs)
+        docs = [DocSummary(doc_id=r.doc_id, name=r.name, v=r.v, chars=r.chars, updated=r.updated) for r in records]
+        return DocListing(docs=docs)
+
+    async def _doc_edit(self, session: Session, msg: DocEdit) -> DocState:
+        live = await self.live(msg.doc_id)
+        async with live.lock:
+            ops = self._rebased(live, msg.base_v, msg.ops)
+            if _length_after(len(live.doc.text), ops) > self.limits.max_doc_chars:
+                raise ProtocolError(ErrorCode.TOO_LARGE, f"a document may hold {self.limits.max_doc_chars} characters")
+            doc_ops = [to_doc_op(op) for op in ops]
+            label = "+".join(op.op for op in ops)
+            await self.mutate(
+                live, lambda: live.doc.apply(doc_ops, label=label), [op.model_dump() for op in ops], session
+            )
+            return self.state(live)
+
+    def _rebased(self, live: LiveDoc, base_v: int, ops: list[EditOp]) -> list[EditOp]:
+        v = live.doc.version
+        if base_v > v:
+            raise ProtocolError(ErrorCode.INVALID_PARAMS, f"base_v: {base_v} is newer than the document (v{v})")
+        if base_v == v:
+            return ops
+        changes = live.log.since(base_v)
+        moved = None if changes is None else rebase_ops(ops, changes)
+        if moved is None:
+            raise ProtocolError(
+                ErrorCode.STALE_VERSION,
+                f"document {live.doc_id} is at v{v}; the edit overlaps changes since v{base_v}",
+                data={"current_v": v},
+            )
+        return moved
+
+    async def _history(self, session: Session, doc_id: str, redo: bool) -> DocState:
+        live = await self.live(doc_id)
+        async with live.lock:
+            step = live.doc.redo if redo else live.doc.undo
+            await self.mutate(live, step, [{"op": "redo" if redo else "undo"}], session)
+            return self.state(live)
+
+    async def _undo(self, session: Session, msg: HistoryUndo) -> DocState:
+        return await self._history(session, msg.doc_id, redo=False)
+
+    async def _redo(self, session: Session, msg: HistoryRedo) -> DocState:
+        return await self._history(session, msg.doc_id, redo=True)
+
+    async def _accept(self, session: Session, msg: ProposalAccept) -> DocState:
+        live, p = self._proposal(session, msg.gen)
+        async with live.lock:
+            v = live.doc.version
+            if msg.base_v > v:
+                raise ProtocolError(ErrorCode.INVALID_PARAMS, f"base_v: {msg.base_v} is newer than the document (v{v})")
+            if p.stale:
+                del live.proposals[msg.gen]
+                self.gens.resolved(msg.gen, "stale")
+                raise ProtocolError(
+                    ErrorCode.STALE_VERSION,
+                    f"the text this proposal replaces was changed after generation {msg.gen}",
+                    data={"current_v": v},
+                )
+            doc = live.doc
+            if msg.hunks is None and doc.version == p.doc.base_version:
+                apply: Callable[[], object] = lambda: doc.apply_proposal(p.doc)  # noqa: E731 - exact tokens
+            else:
+                text = p.doc.new_text if msg.hunks is None else compose(p.doc.diff, msg.hunks)
+                # Over later disjoint changes the proposal lands as text: unmask its region, then replace it.
+                ops: list[Op] = [Unmask(p.start, p.end), Replace(p.start, p.end, text)]
+                apply = lambda: doc.apply(ops, label="generation")  # noqa: E731
+            record = {"op": "accept", "gen": msg.gen, "start": p.start, "end": p.end, "hunks": msg.hunks}
+            await self.mutate(live, apply, [record], session)
+            del live.proposals[msg.gen]
+            self.gens.resolved(msg.gen, "accepted")
+            return self.state(live)
+
+    async def _reject(self, session: Session, msg: ProposalReject) -> Ack:
+        live, _ = self._proposal(session, msg.gen)
+        del live.proposals[msg.gen]
+        self.gens.resolved(msg.gen, "rejected")
+        self._maybe_unload(live)
+        return Ack()
+
+    def _proposal(self, session: Session, gen: str) -> tuple[LiveDoc, PendingProposal]:
+        for live in self.docs.values():
+            p = live.proposals.get(gen)
+            if p is not None and p.session is session:
+                return live, p
+        outcome = self.gens.outcome(gen)
+        if outcome is not None:
+            raise ProtocolError(ErrorCode.CONFLICT, f"generation {gen} has no pending proposal ({outcome})")
+        raise ProtocolError(ErrorCode.NOT_FOUND, f"no generation {gen!r} on this connection")
+
+    async def _ping(self, session: Session, msg: Ping) -> Pong:
+        return Pong()
+
+
+def compose(diff_chunks: tuple[Any, ...], hunks: list[int]) -> str:
+    """The new text with only the chosen hunks (maximal runs of non-equal chunks, numbered from 0) applied."""
+    chosen = set(hunks)
+    out: list[str] = []
+    hunk = -1
+    in_hunk = False
+    for chunk in diff_chunks:
+        if chunk.op == "equal":
+            in_hunk = False
+            out.append(chunk.text)
+            continue
+        if not in_hunk:
+            hunk, in_hunk = hunk + 1, True
+        take = hunk in chosen
+        if (chunk.op == "insert") == take:
+            out.append(chunk.text)
+    if chosen and max(chosen) > hunk:
+        raise ProtocolError(
+            ErrorCode.INVALID_PARAMS, f"hunks: the proposal has {hunk + 1} hunks, not {max(chosen) + 1}"
+        )
+    return "".join(out)

@@ -1,0 +1,217 @@
+"""`dcanvas bench load`: many concurrent dcanvas/1 sessions editing and generating against one server.
+
+Starts `dcanvas serve` as a child process on a free loopback port (or targets `--url`), then runs `--sessions`
+clients (canvas.client) for `--seconds`. Each session opens its own document and loops: mask a word, generate,
+accept or reject the proposal, sometimes undo, with a short pause. Reports errors (goal 0), p50/p99 time from
+`gen.start` to the first progress frame and between frames, generations by status, and the server's RSS sampled
+every second (goal: bounded). The last line of stdout is one JSON document with every figure.
+
+    python -m canvas.server.loadbench --model DIR --sessions 50 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canvas.client import DcanvasClient
+from canvas.protocol import GenProgress, MaskOp, ProtocolError
+
+_TEXTS = [
+    "The cat sat on the mat and watched the rain fall on the garden.",
+    "Once upon a time there was a small house by a quiet river.",
+    "She opened the window, looked at the hills, and began to write.",
+    "We walked along the road until the sun went down behind the trees.",
+]
+
+
+@dataclass
+class Figures:
+    first_frame_s: list[float] = field(default_factory=list)
+    between_frames_s: list[float] = field(default_factory=list)
+    statuses: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    edits: int = 0
+    accepts: int = 0
+    frames: int = 0
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0] * 1000, 1)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1000, 1)
+
+
+async def _session(url: str, token: str | None, deadline: float, fig: Figures, rng: random.Random) -> None:
+    try:
+        async with DcanvasClient.connect(url, token=token, client_name="loadbench", request_timeout=120) as c:
+            doc = await c.open(text=rng.choice(_TEXTS), name="load")
+            while time.monotonic() < deadline:
+                try:
+                    words = [(i, i + len(w)) for i, w in _word_spans(doc.text)]
+                    start, end = rng.choice(words)
+                    doc = await c.edit(doc.doc_id, doc.v, [MaskOp(start=start, end=end)])
+                    fig.edits += 1
+                    gen = c.generate(doc.doc_id, doc.v, max_steps=rng.choice([8, 16, 24]), seed=rng.randrange(1000))
+                    t0 = time.monotonic()
+                    last = None
+                    async for ev in gen:
+                        now = time.monotonic()
+                        if isinstance(ev, GenProgress):
+                            fig.frames += 1
+                            if last is None:
+                                fig.first_frame_s.append(now - t0)
+                            else:
+                                fig.between_frames_s.append(now - last)
+                            last = now
+                    assert gen.done is not None
+                    fig.statuses[gen.done.status] += 1
+                    if gen.done.status == "completed" and rng.random() < 0.7:
+                        doc = await c.accept(gen.gen, doc.v)
+                        fig.accepts += 1
+                        if rng.random() < 0.3:
+                            doc = await c.undo(doc.doc_id)
+                    elif gen.done.status == "completed":
+                        await c.reject(gen.gen)
+                    # Text that was masked and not accepted stays free: unmask everything for the next round.
+                    doc = await c.edit(doc.doc_id, doc.v, [{"op": "unmask", "start": 0, "end": len(doc.text)}])
+                    await asyncio.sleep(rng.uniform(0.05, 0.3))
+                except ProtocolError as e:
+                    fig.errors[e.code.value] += 1
+                    doc = await c.open(doc.doc_id)
+    except Exception as e:  # a dropped connection or a bug: counted, never hidden
+        fig.errors[type(e).__name__] += 1
+
+
+def _word_spans(text: str) -> list[tuple[int, str]]:
+    out, i = [], 0
+    for w in text.split(" "):
+        if w:
+            out.append((i, w))
+        i += len(w) + 1
+    return out or [(0, text)]
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: int | None) -> dict[str, Any]:
+    fig = Figures()
+    rss: list[tuple[float, float]] = []
+    t0 = time.monotonic()
+    deadline = t0 + seconds
+
+    async def sample() -> None:
+        while pid is not None:
+            value = _rss_mib(pid)
+            if value is not None:
+                rss.append((round(time.monotonic() - t0, 1), value))
+            await asyncio.sleep(1.0)
+
+    sampler = asyncio.create_task(sample())
+    await asyncio.gather(*(_session(url, token, deadline, fig, random.Random(i)) for i in range(sessions)))
+    sampler.cancel()
+    wall = time.monotonic() - t0
+    return {
+        "sessions": sessions,
+        "seconds": round(wall, 1),
+        "errors": sum(fig.errors.values()),
+        "errors_by_kind": dict(fig.errors),
+        "generations": dict(fig.statuses),
+        "generations_completed": fig.statuses.get("completed", 0),
+        "edits": fig.edits,
+        "accepts": fig.accepts,
+        "progress_frames": fig.frames,
+        "first_frame_ms": {"p50": _pct(fig.first_frame_s, 50), "p99": _pct(fig.first_frame_s, 99)},
+        "between_frames_ms": {"p50": _pct(fig.between_frames_s, 50), "p99": _pct(fig.between_frames_s, 99)},
+        "server_rss_mib": {
+            "first": rss[0][1] if rss else None,
+            "max": max(v for _, v in rss) if rss else None,
+            "last": rss[-1][1] if rss else None,
+            "samples": rss,
+        },
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(args: argparse.Namespace) -> int:
+    proc: subprocess.Popen[bytes] | None = None
+    url = args.url
+    if url is None:
+        port = _free_port()
+        db = Path(tempfile.mkdtemp(prefix="dcanvas-load-")) / "docs.db"
+        cmd = [sys.executable, "-m", "canvas.cli", "serve", "--port", str(port), "--db", str(db),
+               "--log-level", "warning"] + (["--model", args.model] if args.model else [])  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        url = f"ws://127.0.0.1:{port}/ws"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    print("dcanvas bench load: the server did not start", file=sys.stderr)
+                    return 1
+                time.sleep(0.3)
+    try:
+        pid = proc.pid if proc is not None else args.pid
+        result = asyncio.run(_run(url, args.token, args.sessions, args.seconds, pid))
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    r = result
+    print(f"{r['sessions']} sessions for {r['seconds']} s: {r['errors']} errors {r['errors_by_kind']}")
+    print(f"generations {r['generations']}; edits {r['edits']}; accepts {r['accepts']}; frames {r['progress_frames']}")
+    print(f"first frame ms {r['first_frame_ms']}; between frames ms {r['between_frames_ms']}")
+    m = r["server_rss_mib"]
+    print(f"server RSS MiB first {m['first']} max {m['max']} last {m['last']}")
+    print(json.dumps(result))
+    return 0 if result["errors"] == 0 else 1
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None, help="an existing server's ws URL (default: start one)")
+    parser.add_argument("--pid", type=int, default=None, help="with --url: the server's pid, to sample its RSS")
+    parser.add_argument("--model", default=None, help="model directory for the server that is started")
+    parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"))
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.set_defaults(func=run)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="dcanvas bench load", description=__doc__.split("\n\n")[0])
+    register(parser)
+    ns = parser.parse_args()
+    raise SystemExit(ns.func(ns))
