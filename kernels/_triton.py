@@ -10,9 +10,11 @@ Dispatch contract (`impl` argument of every public op):
 - "triton": the Triton kernel; needs triton installed and CUDA tensors, or CPU tensors with `TRITON_INTERPRET=1`.
   Anything else raises `KernelUnavailableError` rather than silently falling back. (The interpreter runs
   CUDA tensors too, slowly; that is Triton's behaviour and is left alone.)
-- "auto": `DCANVAS_KERNELS=triton|ref` decides if set (process-wide override of "auto"); otherwise Triton when
-  every tensor is on CUDA and triton is importable, else the reference. An explicit "triton"/"ref" per call wins
-  over the environment variable, so tests can always compare both.
+- "auto": the reference whenever autograd needs a backward (an input requires grad and grad mode is on: the
+  kernels are forward-only, so training stays correct on CUDA). Otherwise `DCANVAS_KERNELS=triton|ref` decides if
+  set (process-wide override of "auto"), else Triton when every tensor is on CUDA and triton is importable, else
+  the reference. An explicit "triton"/"ref" per call wins over the variable, so tests can always compare both;
+  "triton" with an input that requires grad raises.
 """
 
 from __future__ import annotations
@@ -93,8 +95,11 @@ def resolve_impl(impl: str, *tensors: torch.Tensor) -> Literal["triton", "ref"]:
     """Decide which implementation runs for these input tensors (see the module docstring for the rule)."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     choice: str = impl
     if choice == "auto":
+        if needs_grad:  # the kernels are forward-only; the references are differentiable
+            return "ref"
         forced = _env_choice()
         if forced is not None:
             choice = forced
@@ -103,6 +108,8 @@ def resolve_impl(impl: str, *tensors: torch.Tensor) -> Literal["triton", "ref"]:
             return "triton" if on_cuda else "ref"
     if choice == "ref":
         return "ref"
+    if needs_grad:
+        raise KernelUnavailableError("impl='triton' has no backward; an input requires grad (use 'auto' or 'ref')")
     ok, why = _triton_can_run(tensors)
     if not ok:
         raise KernelUnavailableError(f"impl='triton' cannot run: {why}")

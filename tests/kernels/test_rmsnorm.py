@@ -95,6 +95,22 @@ def test_dispatch_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         rms_norm(x)
 
 
+def test_auto_uses_the_differentiable_reference_when_grad_is_needed(
+    triton_device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DCANVAS_KERNELS", "triton")  # would force the forward-only kernel without the grad rule
+    x = torch.randn(3, 16, device=triton_device)
+    w = torch.ones(16, device=triton_device, requires_grad=True)
+    y = rms_norm(x, w)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert w.grad is not None
+    with pytest.raises(KernelUnavailableError, match="no backward"):
+        rms_norm(x, w, impl="triton")
+    with torch.no_grad():
+        assert rms_norm(x, w, impl="triton").grad_fn is None  # inference: the kernel runs
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
