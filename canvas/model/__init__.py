@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from canvas.model.cache import KVCache
 from canvas.model.config import PRESETS, ModelConfig, RopeConfig
-from canvas.model.io import WeightsError, load_pretrained, save_pretrained
+from canvas.model.io import WeightsError, load_pretrained, load_state_dict_hf, save_pretrained
 from canvas.model.model import DiffusionModel
 
-__all__ = ["PRESETS", "DiffusionModel", "KVCache", "ModelConfig", "RopeConfig", "WeightsError", "load_pretrained",
-           "save_pretrained"]
+__all__ = [
+    "PRESETS",
+    "DiffusionModel",
+    "KVCache",
+    "ModelConfig",
+    "RopeConfig",
+    "WeightsError",
+    "load_pretrained",
+    "load_state_dict_hf",
+    "save_pretrained",
+]

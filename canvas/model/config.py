@@ -190,7 +190,7 @@ class ModelConfig:
             bos_token_id=text.get("bos_token_id", 2),
             eos_token_ids=eos_ids,
             null_token_id=cfg.get("null_token_id", text.get("null_token_id")),
-            name=str(cfg.get("_name_or_path") or cfg.get("name") or "diffusion-gemma"),
+            name=str(cfg.get("name") or cfg.get("_name_or_path") or "diffusion-gemma"),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -232,6 +232,7 @@ class ModelConfig:
         }
         out: dict[str, Any] = {
             "model_type": "diffusion_gemma",
+            "name": self.name,
             "architectures": ["DiffusionGemmaForBlockDiffusion"],
             "canvas_length": self.canvas_length,
             "tie_word_embeddings": True,
@@ -262,6 +263,14 @@ PRESETS: dict[str, ModelConfig] = {
         layer_types=(SLIDING, FULL, SLIDING, FULL), sliding_window=16, num_experts=8, top_k_experts=2,
         moe_intermediate_size=32, canvas_length=32, pad_token_id=0, bos_token_id=2, eos_token_ids=(1,),
         name="tiny",
+    ),
+    # The shape measured on this CPU in ../shared/offline-assets.md (vocab 8192, hidden 256, 6 layers, 8 experts
+    # top-2, ~15M text parameters): the benchmark size.
+    "bench-15m": ModelConfig(
+        vocab_size=8192, hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, global_head_dim=128, num_global_key_value_heads=1,
+        layer_types=(SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL), sliding_window=128, num_experts=8,
+        top_k_experts=2, moe_intermediate_size=256, canvas_length=256, name="bench-15m",
     ),
     # The published 26B-A4B text shapes (for GPU benchmarks with random weights).
     "26b-a4b": ModelConfig(name="26b-a4b"),

@@ -33,6 +33,7 @@ def read_config(path: Path) -> ModelConfig:
         raw = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise WeightsError(f"{cfg_file}: not valid JSON ({e})") from None
+    raw.setdefault("name", path.resolve().name)  # a model is known by its directory unless it says otherwise
     try:
         return ModelConfig.from_hf_dict(raw)
     except ValueError as e:
@@ -78,6 +79,21 @@ class _TensorSource:
             if self.has(prefix + suffix):
                 return self.get(prefix + suffix)
         raise WeightsError(f"missing tensor 'model.decoder.{suffix}' (nor under model.encoder.language_model.)")
+
+
+class _DictSource(_TensorSource):
+    """The same lookups over an in-memory state dict (e.g. a live transformers module's `state_dict()`)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = {k.removeprefix("model."): v for k, v in tensors.items()}
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise WeightsError(f"missing tensor {name!r}")
+        return self.tensors[name]
 
 
 def _hf_names(model: DiffusionModel) -> Iterator[tuple[torch.Tensor, Callable[[_TensorSource], torch.Tensor], str]]:
@@ -127,8 +143,16 @@ def load_pretrained(path: str | Path, *, device: torch.device | str = "cpu",
     path = Path(path)
     if not path.is_dir():
         raise WeightsError(f"{path}: not a directory")
-    cfg = read_config(path)
-    src = _TensorSource(path)
+    return _fill(read_config(path), _TensorSource(path), device, dtype)
+
+
+def load_state_dict_hf(config: ModelConfig, tensors: dict[str, torch.Tensor], *, device: torch.device | str = "cpu",
+                       dtype: torch.dtype = torch.float32) -> DiffusionModel:
+    """Our model from tensors named as in a transformers `DiffusionGemmaForBlockDiffusion.state_dict()`."""
+    return _fill(config, _DictSource(tensors), device, dtype)
+
+
+def _fill(cfg: ModelConfig, src: _TensorSource, device: torch.device | str, dtype: torch.dtype) -> DiffusionModel:
     # Built on the target device without random init: every tensor is overwritten below.
     with torch.device(device):
         model = DiffusionModel(cfg, init=False).to(dtype=dtype)
@@ -138,7 +162,7 @@ def load_pretrained(path: str | Path, *, device: torch.device | str = "cpu",
             if tuple(t.shape) != tuple(dest.shape):
                 raise WeightsError(f"tensor {name!r} has shape {tuple(t.shape)}, the config implies "
                                    f"{tuple(dest.shape)}")
-            dest.copy_(t.to(dtype))
+            dest.copy_(t.to(device=dest.device, dtype=dtype))
             del t
     return model.eval()
 

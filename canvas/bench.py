@@ -1,0 +1,312 @@
+"""`dcanvas bench ...`: every performance claim in BENCHMARKS.md comes from here, measured side by side in one run.
+
+    dcanvas bench model  [--preset bench-15m] [--runs 7] [--json] [--gpu --layers 4]
+        encoder and decoder forward times, ours vs the transformers modules (same weights, same inputs)
+    dcanvas bench engine [--runs 5] [--json]
+        ours vs transformers `generate` with identical tokens asserted (speedup, identical), per-step wall over
+        bare decoder forward (step_overhead), peak extra memory of one sampler step in fp32 [B, 256, V] tensors
+        (sampler_buffers), 8 canvases batched vs sequential (batch_gain), and diffusion vs AR tokens/s
+    dcanvas bench kernels [--json]   (Triton kernels on CUDA; see kernels.bench)
+    dcanvas bench load [--sessions 50 --seconds 60]   (see canvas.server.loadbench)
+Each figure is the median of several runs, ours and the reference alternating; the last line is one JSON object
+with the machine noted. Random weights: throughput does not depend on what the weights say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from canvas.model import PRESETS, DiffusionModel, ModelConfig
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "git": sha}
+
+
+def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def paired(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median seconds of each function, run alternately so that machine noise hits all alike."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def peak_extra_bytes(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated (and not yet freed) while `fn` runs, from the profiler's CPU memory events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    deltas = []
+    for e in prof.events():
+        d = e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+        if d:
+            deltas.append((e.time_range.start, d))
+    cur = peak = 0
+    for _, d in sorted(deltas):
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def random_pair(cfg: ModelConfig, workdir: Path, seed: int = 0) -> tuple[DiffusionModel, Any]:
+    """Our model and the transformers reference holding the same random weights."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.manual_seed(seed)
+    ours = DiffusionModel(cfg).eval()
+    ours.save_pretrained(str(workdir))
+    ref = DiffusionGemmaForBlockDiffusion.from_pretrained(str(workdir)).eval()
+    return DiffusionModel.from_pretrained(str(workdir)), ref
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in rows:
+        table.add_row(k, v)
+    Console(stderr=True).print(table)
+
+
+# ---- model ---------------------------------------------------------------------------------------------------------
+def bench_model(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import DynamicCache
+
+    cfg = ModelConfig.from_name(args.preset)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, ref = random_pair(cfg, Path(tmp))
+    V, L, P = cfg.vocab_size, cfg.canvas_length, args.prompt
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, V, (1, P), generator=g)
+    canvas = torch.randint(0, V, (1, L), generator=g)
+    sc = torch.randn(1, L, V, generator=g)
+    _, cache = ours.encode(prompt, logits="none")
+    ref_cache = DynamicCache(config=ref.config.get_text_config(decoder=True))
+    with torch.no_grad():
+        ref.model.encoder(input_ids=prompt, past_key_values=ref_cache)
+
+    def ref_encode() -> None:
+        with torch.no_grad():
+            c = DynamicCache(config=ref.config.get_text_config(decoder=True))
+            h = ref.model.encoder(input_ids=prompt, past_key_values=c).last_hidden_state
+            ref.lm_head(h)
+
+    def ref_decode() -> None:
+        with torch.no_grad():
+            ref(decoder_input_ids=canvas, past_key_values=ref_cache, self_conditioning_logits=sc)
+
+    t = paired({"ours_encode": lambda: ours.encode(prompt), "ref_encode": ref_encode,
+                "ours_decode": lambda: ours.denoise(canvas, cache, sc), "ref_decode": ref_decode}, args.runs)
+    out = {"preset": cfg.name, "prompt_tokens": P, "canvas": L,
+           "encoder_ms": {"ours": t["ours_encode"] * 1e3, "reference": t["ref_encode"] * 1e3,
+                          "speedup": t["ref_encode"] / t["ours_encode"]},
+           "decoder_ms": {"ours": t["ours_decode"] * 1e3, "reference": t["ref_decode"] * 1e3,
+                          "speedup": t["ref_decode"] / t["ours_decode"]},
+           "runs": args.runs, "machine": machine()}
+    print_table(f"model forward, {cfg.name}, prompt {P}, canvas {L} (median of {args.runs})", [
+        ("encoder ours / reference ms", f"{out['encoder_ms']['ours']:.1f} / {out['encoder_ms']['reference']:.1f}"),
+        ("encoder speedup", f"{out['encoder_ms']['speedup']:.2f}x"),
+        ("decoder ours / reference ms", f"{out['decoder_ms']['ours']:.1f} / {out['decoder_ms']['reference']:.1f}"),
+        ("decoder speedup", f"{out['decoder_ms']['speedup']:.2f}x"),
+    ])
+    return out
+
+
+# ---- engine --------------------------------------------------------------------------------------------------------
+def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+
+    from canvas.engine import Engine, GenRequest
+    from canvas.generate import generate_static
+    from canvas.sampler import ReferenceNoise, SamplerConfig, select_accepted, step_stats
+
+    cfg = ModelConfig.from_name(args.preset)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, ref = random_pair(cfg, Path(tmp))
+    V, L, steps = cfg.vocab_size, cfg.canvas_length, args.steps
+    prompt = torch.randint(3, V, (1, args.prompt), generator=torch.Generator().manual_seed(2))
+    sconf = SamplerConfig(max_steps=steps)
+    results: dict[str, list[torch.Tensor]] = {"ours": [], "ref": []}
+
+    def run_ours() -> None:
+        torch.manual_seed(123)
+        results["ours"].append(generate_static(ours, prompt, sconf, max_new_tokens=L, noise=ReferenceNoise()).sequences)
+
+    def run_ref() -> None:
+        torch.manual_seed(123)
+        with torch.no_grad():
+            out = ref.generate(prompt, max_new_tokens=L, max_denoising_steps=steps, t_min=sconf.t_min,
+                               t_max=sconf.t_max, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.1),
+                               stability_threshold=1, confidence_threshold=0.005)
+        results["ref"].append(out.sequences)
+
+    t = paired({"ours": run_ours, "ref": run_ref}, args.runs)
+    identical = all(torch.equal(a, b) for a, b in zip(results["ours"], results["ref"], strict=True))
+    speedup = t["ref"] / t["ours"]
+
+    # Per-step wall of the interactive engine (fast noise) over the bare decoder forward with self-conditioning.
+    engine = Engine(ours)
+    ctx = tuple(prompt[0].tolist())
+
+    def engine_run(n: int = 1, batch: int = 8) -> float:
+        eng = Engine(ours, max_batch=batch)
+        hs = [eng.submit(GenRequest(ctx, config=SamplerConfig(max_steps=steps, seed=i))) for i in range(n)]
+        t0 = time.perf_counter()
+        eng.run_until_idle()
+        wall = time.perf_counter() - t0
+        assert all(h.wait(0).status == "completed" for h in hs)
+        return wall
+
+    engine.submit(GenRequest(ctx, config=SamplerConfig(max_steps=2, seed=0)))
+    engine.run_until_idle()  # warm the context cache and the allocator
+    _, cache = ours.encode(prompt, logits="none")
+    canvas = torch.randint(0, V, (1, L))
+    sc = torch.randn(1, L, V)
+    bare = median_time(lambda: ours.denoise(canvas, cache, sc), args.runs)
+    per_step = statistics.median(engine_run(1) for _ in range(max(3, args.runs // 2))) / steps
+    step_overhead = per_step / bare
+
+    # Peak memory of one sampler step, ours vs the reference's ops, in fp32 (B, L, V) tensors (B = 1).
+    unit = L * V * 4
+    logits = torch.randn(1, L, V) * 3
+    free = torch.ones(1, L, dtype=torch.bool)
+    from canvas.sampler import GumbelNoise
+
+    noise = GumbelNoise(0)
+
+    def our_sampler() -> None:
+        processed = logits.div_(1.0)
+        stats = step_stats(processed, noise)
+        acc = select_accepted(stats.entropy, free, 0.1)
+        torch.where(acc, stats.sample, noise.uniform_tokens((1, L), V, logits.device))
+
+    def ref_sampler() -> None:
+        processed = logits / 1.0
+        probs = torch.softmax(processed, dim=-1, dtype=torch.float32)
+        sample = torch.multinomial(probs.view(-1, V), 1).view(1, L)
+        torch.argmax(processed, dim=-1)
+        ent = torch.distributions.Categorical(logits=processed).entropy()
+        s, idx = torch.sort(ent, dim=-1)
+        mask = torch.scatter(torch.zeros_like(s, dtype=torch.bool), -1, idx, (torch.cumsum(s, -1) - s) <= 0.1)
+        torch.where(mask, sample, torch.randint(0, V, (1, L)))
+
+    ours_buffers = peak_extra_bytes(our_sampler) / unit
+    ref_buffers = peak_extra_bytes(ref_sampler) / unit
+
+    # 8 canvases batched vs one after another, and diffusion vs AR on the same model.
+    seq = statistics.median(engine_run(8, batch=1) for _ in range(max(1, args.runs // 3)))
+    bat = statistics.median(engine_run(8, batch=8) for _ in range(max(1, args.runs // 3)))
+    batch_gain = seq / bat
+    ar = Engine(ours)
+    h = ar.submit(GenRequest(ctx, config=SamplerConfig(mode="ar")))
+    t0 = time.perf_counter()
+    ar.run_until_idle()
+    ar_wall = time.perf_counter() - t0
+    ar_tok_s = h.wait(0).generated / ar_wall
+    diff_tok_s = L / (per_step * steps)
+    out = {
+        "speedup": speedup, "identical": identical, "step_overhead": step_overhead,
+        "sampler_buffers": ours_buffers, "batch_gain": batch_gain,
+        "ours_s": t["ours"], "reference_s": t["ref"], "steps": steps, "per_step_ms": per_step * 1e3,
+        "bare_forward_ms": bare * 1e3, "reference_sampler_buffers": ref_buffers,
+        "diffusion_tok_s_fixed_steps": diff_tok_s, "ar_tok_s": ar_tok_s,
+        "preset": cfg.name, "prompt_tokens": args.prompt, "runs": args.runs, "machine": machine(),
+    }
+    print_table(f"engine, {cfg.name}, prompt {args.prompt}, {steps} steps, 1 canvas of {L} (median of {args.runs})", [
+        ("ours / reference generate s", f"{t['ours']:.2f} / {t['ref']:.2f}"),
+        ("speedup (goal >= 4)", f"{speedup:.2f}x"),
+        ("identical tokens", str(identical)),
+        ("step / bare forward (goal <= 1.15)", f"{per_step * 1e3:.1f} / {bare * 1e3:.1f} ms = {step_overhead:.2f}"),
+        ("sampler peak, fp32 [1,L,V] units (goal <= 1)", f"{ours_buffers:.2f} (reference {ref_buffers:.2f})"),
+        ("8 canvases: sequential / batched s (goal >= 2.5)", f"{seq:.2f} / {bat:.2f} = {batch_gain:.2f}x"),
+        ("tok/s diffusion (all steps) / AR", f"{diff_tok_s:.0f} / {ar_tok_s:.0f}"),
+    ])
+    return out
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    m = sub.add_parser("model", help="encoder/decoder forward: ours vs the transformers modules")
+    m.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
+    m.add_argument("--prompt", type=int, default=64)
+    m.add_argument("--runs", type=int, default=7)
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--gpu", action="store_true", help="26B-A4B text shapes, random bf16 weights, on CUDA")
+    m.add_argument("--layers", type=int, default=4, help="with --gpu: layers to build (scaled to 30)")
+    m.set_defaults(func=_run, which="model")
+    e = sub.add_parser("engine", help="ours vs transformers generate, step overhead, sampler memory, batching")
+    e.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
+    e.add_argument("--prompt", type=int, default=64)
+    e.add_argument("--steps", type=int, default=48)
+    e.add_argument("--runs", type=int, default=5)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_run, which="engine")
+    from canvas.server.loadbench import register as register_load
+
+    register_load(sub.add_parser("load", help="concurrent dcanvas/1 sessions against a real server"))
+    k = sub.add_parser("kernels", help="Triton kernels vs their references (CUDA)")
+    k.add_argument("rest", nargs=argparse.REMAINDER)
+    k.set_defaults(func=_run_kernels)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.which == "model" and args.gpu:
+        from canvas.bench_gpu import bench_model_gpu
+
+        out = bench_model_gpu(args)
+    else:
+        out = bench_model(args) if args.which == "model" else bench_engine(args)
+    print(json.dumps(out))
+    return 0
+
+
+def _run_kernels(args: argparse.Namespace) -> int:
+    from kernels.bench import main
+
+    return main(args.rest)

@@ -1,0 +1,63 @@
+"""`dcanvas generate` and the `dcanvas bench` commands, end to end on a tiny random checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from canvas.server.backend import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), canvas_length=16)
+
+
+def dcanvas(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "canvas.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                                                "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_generate_json(tiny_dir: Path, mode: str) -> None:
+    out = dcanvas("generate", "--model", str(tiny_dir), "--prompt", "The cat sat", "--mode", mode,
+                  "--max-steps", "4", "--max-new-tokens", "20", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) >= {"tokens", "text", "tokens_per_forward", "steps", "wall_s"}
+    assert 0 < len(doc["tokens"]) <= 20 and isinstance(doc["text"], str)
+    assert doc["steps"] >= 1 and doc["tokens_per_forward"] > 0
+
+
+def test_generate_errors_are_clear(tmp_path: Path) -> None:
+    out = dcanvas("generate", "--model", str(tmp_path), "--prompt", "x")
+    assert out.returncode == 2 and "no config.json" in out.stderr and "Traceback" not in out.stderr
+    out = dcanvas("generate", "--model", str(tmp_path), "--prompt", "x", "--max-steps", "0")
+    assert out.returncode == 2 and "max_steps" in out.stderr
+
+
+def test_bench_model_tiny() -> None:
+    out = dcanvas("bench", "model", "--preset", "tiny", "--runs", "1", "--prompt", "8")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["encoder_ms"]["ours"] > 0 and doc["decoder_ms"]["reference"] > 0
+
+
+def test_bench_engine_tiny_identical_tokens() -> None:
+    out = dcanvas("bench", "engine", "--preset", "tiny", "--runs", "1", "--steps", "3", "--prompt", "8")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"speedup", "identical", "step_overhead", "sampler_buffers", "batch_gain"} <= set(doc)
+    assert doc["identical"] is True
+
+
+def test_bench_model_gpu_path_runs_on_cpu() -> None:
+    out = dcanvas("bench", "model", "--gpu", "--layers", "1", "--runs", "1")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["device"] in ("cpu", "cuda") and doc["ours"]["step_ms_extrapolated"] > 0
