@@ -185,6 +185,16 @@ class Store:
         with self._lock:
             return self._db.execute("SELECT 1 FROM documents WHERE doc_id=?", (doc_id,)).fetchone() is not None
 
+    def info(self, doc_id: str) -> DocRecord:
+        """A document's record (name, version, size, times); raises `DocumentNotFound`."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT doc_id, name, v, chars, created, updated FROM documents WHERE doc_id=?", (doc_id,)
+            ).fetchone()
+        if row is None:
+            raise DocumentNotFound(doc_id)
+        return DocRecord(*row)
+
     def list_docs(self) -> list[DocRecord]:
         """Every document, most recently updated first."""
         with self._lock:

@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from canvas.server.config import TOKEN_ENV, ServerConfig
+    from canvas.server.embedded import uvicorn_options
 
     fields: dict[str, Any] = {
         "host": args.host,
@@ -71,14 +72,5 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {config.db})", flush=True)
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=args.log_level,
-        # Frames up to twice the limit reach the parser and get a typed too_large; larger ones close with 1009.
-        ws_max_size=2 * config.limits.max_frame_bytes,
-        ws_ping_interval=20.0,
-        ws_ping_timeout=20.0,
-    )
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **uvicorn_options(config))
     return 0

@@ -230,6 +230,8 @@ class Generations:
         live = run.live
         async with live.lock:
             status: GenStatus = run.reason or done.status
+            if run.session.id not in self.hub.sessions:
+                status = "cancelled"  # its session is gone: nobody could accept a proposal
             proposal: Proposal | None = None
             message: str | None = None
             if status == "completed":

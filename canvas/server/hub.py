@@ -183,9 +183,8 @@ class Hub:
             if live is None:
                 _, state = await asyncio.to_thread(self.store.load, doc_id)
                 doc = Document.from_dict(state, self.backend.tokenizer)
-                records = {r.doc_id: r for r in await asyncio.to_thread(self.store.list_docs)}
-                name = records[doc_id].name if doc_id in records else ""
-                live = LiveDoc(doc, name, snapshot(doc), ChangeLog(doc.version))
+                record = await asyncio.to_thread(self.store.info, doc_id)
+                live = LiveDoc(doc, record.name, snapshot(doc), ChangeLog(doc.version))
                 self.docs[doc_id] = live
             return live
 

@@ -169,8 +169,21 @@ def run(args: argparse.Namespace) -> int:
     if url is None:
         port = _free_port()
         db = Path(tempfile.mkdtemp(prefix="dcanvas-load-")) / "docs.db"
-        cmd = [sys.executable, "-m", "canvas.cli", "serve", "--port", str(port), "--db", str(db),
-               "--log-level", "warning"] + (["--model", args.model] if args.model else [])  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "canvas.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            str(db),
+            "--log-level",
+            "warning",
+            "--max-batch",
+            str(args.max_batch),
+        ]
+        cmd += ["--model", args.model] if args.model else []  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         url = f"ws://127.0.0.1:{port}/ws"
         deadline = time.monotonic() + 180
@@ -205,6 +218,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pid", type=int, default=None, help="with --url: the server's pid, to sample its RSS")
     parser.add_argument("--model", default=None, help="model directory for the server that is started")
     parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"))
+    parser.add_argument("--max-batch", type=int, default=8, help="the started server's --max-batch")
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.set_defaults(func=run)

@@ -340,7 +340,9 @@ def test_cancel_supersede_and_stale(conn: Conn) -> None:
 
 def test_disjoint_edit_during_generation_is_rebased_into_the_proposal(conn: Conn) -> None:
     s = _edit(conn, _open(conn), {"op": "mask", "start": 4, "end": 7})
-    rid = conn.send({"type": "gen.start", "doc_id": s["doc_id"], "base_v": s["v"], "params": {"max_steps": 12}})
+    # A tiny entropy bound accepts ~1 slot a step, so the run lasts all its steps: the edit lands while it runs.
+    params = {"max_steps": 24, "entropy_bound": 1e-6}
+    rid = conn.send({"type": "gen.start", "doc_id": s["doc_id"], "base_v": s["v"], "params": params})
     accepted = conn.reply(rid)
     typed = _edit(conn, s, {"op": "replace", "start": len(TEXT), "end": len(TEXT), "text": " Yes."})
     done = conn.until("gen.done", gen=accepted["gen"])
@@ -478,3 +480,45 @@ def test_config_refuses_a_public_bind_without_a_token() -> None:
     with pytest.raises(ValueError, match="16 characters"):
         ServerConfig(host="0.0.0.0", token="short")
     assert ServerConfig(host="0.0.0.0", token="a-long-enough-token").allowed_hosts == ["*"]
+
+
+# -- real websockets (uvicorn in this process) -----------------------------------------------------------------
+
+
+def test_embedded_server_over_real_websockets(backend: Backend) -> None:
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosedError, InvalidStatus
+
+    from canvas.client import DcanvasClient
+    from canvas.protocol import GenDone, MaskOp, ProtocolError
+    from canvas.server.embedded import EmbeddedServer
+
+    async def scenario(server: EmbeddedServer) -> None:
+        async with DcanvasClient.connect(server.url) as c:
+            doc = await c.open(text=TEXT)
+            doc = await c.edit(doc.doc_id, doc.v, [MaskOp(start=4, end=7)])
+            done = await c.generate(doc.doc_id, doc.v, max_steps=4).result()
+            assert isinstance(done, GenDone) and done.status == "completed"
+            with pytest.raises(ProtocolError) as info:
+                await c.open(text="x" * 2000)  # over tiny max_text_chars, under the frame limit
+            assert info.value.code == "invalid_params"
+            await c.send_raw("y" * 5000)  # over max_frame_bytes (4096), under uvicorn's 2x: a typed error
+            err = await asyncio.wait_for(c.events.get(), 10)
+            while err.type == "doc.state":  # type: ignore[attr-defined]  # the broadcast when the generation ended
+                err = await asyncio.wait_for(c.events.get(), 10)
+            assert getattr(err, "code", None) == "too_large"
+            assert await c.ping() > 0
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(server.url, origin="https://evil.example"):  # type: ignore[arg-type]
+                pass
+        assert refused.value.response.status_code == 403
+        async with connect(server.url) as ws:
+            await ws.send("z" * 10_000)  # over twice the limit: the websocket layer closes with 1009
+            with pytest.raises(ConnectionClosedError) as closed:
+                await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+    with EmbeddedServer(backend=backend, limits=ServerLimits.tiny()) as server:
+        asyncio.run(scenario(server))

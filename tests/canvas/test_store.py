@@ -175,3 +175,11 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
         assert v >= acked and state["v"] == v
         logged = [e.v for e in s.edits("doc")]
         assert logged == list(range(1, v + 1))  # every acknowledged edit, in order, none torn
+
+
+def test_info(store: Store) -> None:
+    store.save("d", 0, _state("abc"), name="n")
+    info = store.info("d")
+    assert (info.doc_id, info.name, info.v, info.chars) == ("d", "n", 0, 3) and info.created <= info.updated
+    with pytest.raises(DocumentNotFound):
+        store.info("missing")
