@@ -215,6 +215,8 @@ class Hub:
                 else:
                     p.start, p.end = moved
         state = doc.to_dict()
+        # If saving fails the request gets `internal` and nobody is told of the change; the next successful save
+        # writes the whole state, this one included (only its edit-log entry is missing).
         await asyncio.to_thread(self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name)
         self.broadcast(live, exclude=session)
         return change

@@ -375,6 +375,24 @@ def test_generation_guards(serve: Factory) -> None:
         assert nothing["code"] == "conflict" and "nothing to generate" in nothing["message"]
 
 
+def test_a_closed_connection_cancels_its_generations_and_frees_its_documents(serve: Factory) -> None:
+    client = serve()
+    with client.websocket_connect("/ws") as ws:
+        c = Conn(ws)
+        c.rpc({"type": "hello", "protocol": "dcanvas/1"})
+        s = _edit(c, _open(c), {"op": "mask", "start": 4, "end": 7})
+        slow = {"max_steps": 256, "entropy_bound": 1e-6}
+        assert c.rpc({"type": "gen.start", "doc_id": s["doc_id"], "base_v": s["v"], "params": slow})["gen"]
+        assert client.get("/health").json()["generations_running"] == 1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        health = client.get("/health").json()
+        if (health["sessions"], health["documents_open"], health["generations_running"]) == (0, 0, 0):
+            break
+        time.sleep(0.02)
+    assert (health["sessions"], health["documents_open"], health["generations_running"]) == (0, 0, 0)
+
+
 # -- persistence -----------------------------------------------------------------------------------------------
 
 
