@@ -1,0 +1,289 @@
+"""The web client in a real browser (headless Chromium) against a real `dcanvas serve` with a tiny random model.
+
+- mask a span selected with the mouse, generate, watch at least three intermediate grid states, replay a frame,
+  accept, check the server's document over a websocket of our own (`canvas.client`), undo with the keyboard;
+- a protocol error shows a banner; another session's edit arrives as a broadcast; a dropped socket reconnects;
+- side by side (diffusion and AR) on a narrow window, driven from the keyboard, with no horizontal scrolling.
+
+Screenshots land in artifacts/web/ (`$DCANVAS_ARTIFACTS`); docs/web.png is a copy of canvas.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pytest
+
+from canvas.client import DcanvasClient
+from canvas.protocol import DocState, ReplaceOp
+from tests.web.conftest import ServeProcess, artifacts_dir
+from tests.web.webfiles import protocol_tables
+
+pytestmark = pytest.mark.timeout(240)
+T = TypeVar("T")
+TEXT = "The cat sat on the mat. It was a warm day and the dog ran past the open door."
+GEN_TIMEOUT_MS = 90_000  # a busy 2-core CI machine runs the tiny model at a few steps per second
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine on its own thread: Playwright's sync API keeps an event loop on this one."""
+
+    async def main() -> T:
+        return await fn()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result(timeout=60)
+
+
+def server_doc(server: ServeProcess, doc_id: str) -> DocState:
+    async def read() -> DocState:
+        async with DcanvasClient.connect(server.ws_url) as c:
+            return await c.open(doc_id)
+
+    return run_async(read)
+
+
+def record_frames(page: Any) -> list[dict[str, Any]]:
+    """Every frame the server sends to the page, parsed."""
+    frames: list[dict[str, Any]] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(json.loads(payload))))
+    return frames
+
+
+def open_page(page: Any, server: ServeProcess) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(server.base)
+    expect(page.locator("#conn-status")).to_have_attribute("data-state", "open")
+
+
+def create_doc(page: Any, text: str) -> str:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#new-doc-form")).to_be_visible()
+    page.fill("#new-doc-text", text)
+    page.click("#new-doc-create")
+    expect(page.locator("#doc-view .pinned")).to_have_count(1)
+    expect(page.locator("#new-doc-form")).to_be_hidden()
+    m = re.fullmatch(r"#doc=(.+)", page.evaluate("location.hash"))
+    assert m is not None
+    return m.group(1)
+
+
+def cell_tokens(page: Any, run: str) -> list[int | None]:
+    titles = page.locator(f"#{run} .grid .cell.free").evaluate_all("cells => cells.map(c => c.title)")
+    out: list[int | None] = []
+    for t in titles:
+        m = re.search(r"\(token (\d+)\)", t)
+        out.append(int(m.group(1)) if m else None)
+    return out
+
+
+def test_page_modules_agree_with_the_parsed_protocol_table(page: Any, web_server: ServeProcess) -> None:
+    """What the browser evaluates from protocol.js is what the schema test parsed from it."""
+    open_page(page, web_server)
+    in_browser = page.evaluate(
+        """async () => {
+            const m = await import("./protocol.js");
+            const out = {};
+            for (const [k, v] of Object.entries(m)) if (!Array.isArray(v)) out[k] = v;
+            return out;
+        }"""
+    )
+    assert in_browser == protocol_tables()
+
+
+def test_mask_generate_watch_replay_accept_undo(page: Any, web_server: ServeProcess) -> None:
+    from playwright.sync_api import expect
+
+    frames = record_frames(page)
+    open_page(page, web_server)
+    doc_id = create_doc(page, TEXT)
+
+    # Select "cat sat on the mat" with the mouse, as a person would.
+    box = page.evaluate(
+        """([a, b]) => {
+            const dv = window.dcanvas.docView;
+            const first = dv.rangeOf(a, a + 1).getBoundingClientRect();
+            const last = dv.rangeOf(b - 1, b).getBoundingClientRect();
+            return [first.left + 1, first.top + first.height / 2, last.right - 1, last.top + last.height / 2];
+        }""",
+        [4, 22],
+    )
+    page.mouse.move(box[0], box[1])
+    page.mouse.down()
+    page.mouse.move(box[2], box[3], steps=8)
+    page.mouse.up()
+    assert page.evaluate("getSelection().toString()") == "cat sat on the mat"
+    expect(page.locator("#sel-start")).to_have_value("4")
+    expect(page.locator("#sel-end")).to_have_value("22")
+    page.click("button[data-op=mask]")
+    expect(page.locator("#doc-view .free")).to_have_count(1)
+    assert "cat sat on the mat" in page.inner_text("#doc-view .free")  # the mask may widen to token edges
+
+    page.fill("#param-max_steps", "8")
+    page.fill("#param-seed", "11")
+    page.evaluate(
+        """() => {
+            window.__grid = [];
+            const run = document.getElementById("run-a");
+            const grid = run.querySelector(".grid");
+            const record = () => window.__grid.push({
+                state: run.dataset.state, frame: Number(grid.dataset.frame),
+                cells: Array.from(grid.querySelectorAll(".cell.free"),
+                                  (c) => c.textContent + (c.classList.contains("settled") ? "*" : "")).join("|"),
+            });
+            new MutationObserver(record).observe(grid, {subtree: true, childList: true, characterData: true,
+                                                        attributes: true});
+        }"""
+    )
+    page.click("#generate-btn")
+    expect(page.locator("#run-a")).to_have_attribute("data-state", "completed", timeout=GEN_TIMEOUT_MS)
+
+    # The grid changed while the generation ran: at least three different intermediate states were on screen.
+    seen = page.evaluate("window.__grid")
+    live = {s["cells"] for s in seen if s["state"] == "running" and s["frame"] >= 1}
+    assert len(live) >= 3, f"saw {len(live)} intermediate grid states: {live}"
+
+    progress = [f for f in frames if f["type"] == "gen.progress"]
+    done = next(f for f in frames if f["type"] == "gen.done")
+    assert done["status"] == "completed" and len(progress) >= 3
+    assert [f["seq"] for f in progress] == list(range(1, len(progress) + 1))
+
+    # The final grid is the sum of the deltas; the replay slider shows the canvas after the first frame.
+    def tokens_after(n: int) -> list[int | None]:
+        state: dict[int, int] = {}
+        for f in progress[:n]:
+            state.update({s["i"]: s["token"] for s in f["slots"]})
+        order = [int(i) for i in page.locator("#run-a .grid .cell.free").evaluate_all("cs => cs.map(c => c.dataset.i)")]
+        return [state.get(i) for i in order]
+
+    assert cell_tokens(page, "run-a") == tokens_after(len(progress))
+    page.locator("#run-a input[type=range]").fill("0")
+    expect(page.locator("#run-a .grid")).to_have_attribute("data-frame", "1")
+    assert cell_tokens(page, "run-a") == tokens_after(1)
+    page.locator("#run-a input[type=range]").fill(str(len(progress) - 1))
+
+    stats = done["stats"]
+    expect(page.locator("#run-a [data-stat=tpf]")).to_have_text(f"{stats['tokens_per_forward']:.3f}")
+    expect(page.locator("#run-a [data-stat=toks]")).to_have_text(f"{stats['tok_s']:.1f}")
+    expect(page.locator("#run-a .diff del").first).to_be_visible()
+    page.screenshot(path=str(artifacts_dir() / "canvas.png"), full_page=True)
+
+    p = done["proposal"]
+    before = page.locator("#doc-view").get_attribute("data-v")
+    page.click("#run-a button.accept")
+    expect(page.locator("#run-a")).to_have_attribute("data-state", "accepted")
+    expect(page.locator("#doc-view")).not_to_have_attribute("data-v", before or "")
+    expected = TEXT[: p["start"]] + p["text"] + TEXT[p["end"] :]
+    on_server = server_doc(web_server, doc_id)
+    assert on_server.text == expected
+    assert page.evaluate("window.dcanvas.doc.text") == expected
+    assert page.locator("#doc-view").text_content() == expected
+
+    # Undo from the keyboard (focus outside any text field) takes the whole proposal back.
+    page.click("#doc-heading")
+    page.keyboard.press("Control+z")
+    expect(page.locator("#doc-view")).to_have_attribute("data-v", str(on_server.v + 1))
+    assert server_doc(web_server, doc_id).text == TEXT
+    expect(page.locator("#redo-btn")).to_be_enabled()
+
+
+def test_error_banner_broadcast_and_reconnect(page: Any, web_server: ServeProcess) -> None:
+    from playwright.sync_api import expect
+
+    open_page(page, web_server)
+    doc_id = create_doc(page, TEXT)
+
+    # Nothing is masked: the server refuses to generate, and the page says so in an error banner.
+    page.click("#generate-btn")
+    banner = page.locator("#banners .banner.error")
+    expect(banner).to_contain_text("conflict")
+    expect(banner).to_contain_text("nothing to generate")
+    banner.locator("button.dismiss").click()
+    expect(banner).to_have_count(0)
+
+    # Another session edits the document: the page shows the broadcast.
+    async def edit_elsewhere() -> DocState:
+        async with DcanvasClient.connect(web_server.ws_url) as c:
+            doc = await c.open(doc_id)
+            return await c.edit(doc_id, doc.v, [ReplaceOp(start=4, end=7, text="cow")])
+
+    edited = run_async(edit_elsewhere)
+    expect(page.locator("#doc-view")).to_have_attribute("data-v", str(edited.v))
+    assert page.locator("#doc-view").text_content() == edited.text
+
+    # A gap of three new tokens after "mat.", then a plain text edit in the editor; both reach the server.
+    page.fill("#sel-start", "23")
+    page.fill("#sel-end", "23")
+    page.fill("#gap-tokens", "3")
+    page.click("#gap-btn")
+    expect(page.locator("#doc-view .gap")).to_have_attribute("data-slots", "3")
+    gap = [s for s in server_doc(web_server, doc_id).spans if s.kind == "free" and s.start == s.end]
+    assert [(g.start, g.slots) for g in gap] == [(23, 3)]
+    page.click("#edit-btn")
+    expect(page.locator("#doc-editor")).to_be_focused()
+    page.fill("#doc-editor", edited.text.replace("warm day", "cold night"))
+    page.click("#edit-save")
+    expect(page.locator("#doc-editor")).to_be_hidden()
+    edited = server_doc(web_server, doc_id)
+    assert edited.text == TEXT.replace("cat", "cow").replace("warm day", "cold night")
+    expect(page.locator("#doc-view")).to_have_attribute("data-v", str(edited.v))
+
+    # The socket drops: a banner says so, the page reconnects by itself and reads the document again.
+    page.evaluate("window.dcanvas.conn._ws.close(4000, 'test')")
+    expect(page.locator("#banners [data-key=conn]")).to_contain_text("Disconnected")
+    expect(page.locator("#conn-status")).to_have_attribute("data-state", "open", timeout=15_000)
+    expect(page.locator("#banners [data-key=conn]")).to_have_count(0)
+    expect(page.locator("#banners [data-key=conn-ok]")).to_contain_text("Reconnected")
+    assert page.locator("#doc-view").text_content() == edited.text
+    expect(page.locator("#generate-btn")).to_be_enabled()
+
+
+def test_side_by_side_on_a_narrow_window_from_the_keyboard(page: Any, web_server: ServeProcess) -> None:
+    from playwright.sync_api import expect
+
+    page.set_viewport_size({"width": 420, "height": 800})
+    open_page(page, web_server)
+    doc_id = create_doc(page, TEXT)
+
+    # Select characters 4..22 with the keyboard in the document view and mask them with "m".
+    page.focus("#doc-view")
+    page.keyboard.press("Control+Home")
+    for _ in range(4):
+        page.keyboard.press("ArrowRight")
+    for _ in range(18):
+        page.keyboard.press("Shift+ArrowRight")
+    expect(page.locator("#sel-end")).to_have_value("22")
+    page.keyboard.press("m")
+    expect(page.locator("#doc-view .free")).to_have_count(1)
+
+    page.fill("#param-max_steps", "6")
+    page.check("#compare")
+    expect(page.locator("#generate-btn")).to_have_text("Generate both")
+    page.keyboard.press("Control+Enter")
+    expect(page.locator("#compare-summary")).to_contain_text("Autoregressive", timeout=2 * GEN_TIMEOUT_MS)
+    for run, mode in (("run-a", "diffusion"), ("run-b", "ar")):
+        expect(page.locator(f"#{run}")).to_have_attribute("data-state", "completed")
+        assert page.locator(f"#{run} .run-status").inner_text().startswith(mode)
+        assert re.fullmatch(r"\d+\.\d{3}", page.locator(f"#{run} [data-stat=tpf]").inner_text())
+    summary = page.inner_text("#compare-summary")
+    assert summary.count("tokens per forward") == 2
+
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, f"the page scrolls sideways by {overflow}px at 420px"
+    page.screenshot(path=str(artifacts_dir() / "narrow.png"), full_page=True)
+
+    # Accepting the AR proposal drops the diffusion one.
+    page.click("#run-b button.accept")
+    expect(page.locator("#run-b")).to_have_attribute("data-state", "accepted")
+    expect(page.locator("#run-a")).to_have_attribute("data-state", "dropped")
+    assert server_doc(web_server, doc_id).text == page.evaluate("window.dcanvas.doc.text")
+
+    page.set_viewport_size({"width": 1280, "height": 800})
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
