@@ -115,8 +115,13 @@ def bench_model_gpu(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for who in ("ours", "reference"):
         t1, t2 = times[sizes[0]][who], times[sizes[1]][who]
+        # Least-squares line through two points, held to non-negative cost: timing noise can make the larger
+        # model look faster, and then the layer cost is taken as the whole step spread over the layers.
         per_layer = (t2 - t1) / (sizes[1] - sizes[0])
-        fixed = t1 - per_layer * sizes[0]
+        if per_layer <= 0:
+            per_layer, fixed = t2 / sizes[1], 0.0
+        else:
+            fixed = max(t1 - per_layer * sizes[0], 0.0)
         t_full = fixed + per_layer * full_layers
         tok_s = base.canvas_length / (FIXED_STEPS * t_full)
         result[who] = {"step_ms": {str(k): v[who] * 1e3 for k, v in times.items()},

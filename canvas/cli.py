@@ -17,7 +17,6 @@ from canvas import __version__
 # name -> (module, register function, one-line help). The register function adds its arguments to a
 # subparser and sets `func` (called with the parsed namespace, returns an exit code).
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "info": ("canvas.model.cli", "register_info", "describe a model directory (config, parameters, speed)"),
     "bench": ("canvas.bench", "register", "run a benchmark (model, engine, kernels, load)"),
     "generate": ("canvas.generate_cli", "register", "generate text from a prompt"),
     "serve": ("canvas.server", "register", "run the dcanvas/1 websocket server"),

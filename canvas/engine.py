@@ -36,7 +36,10 @@ Status = Literal["completed", "cancelled", "failed"]
 @dataclass(frozen=True, slots=True)
 class GenRequest:
     context_ids: tuple[int, ...]  # tokens before the canvas, at least one (a BOS for an empty document)
-    slot_ids: tuple[int, ...] = ()  # first slots of the canvas; slots past these up to canvas_length are free
+    # The canvas slots in use: pinned ones keep their token, the others are generated. With fewer than
+    # canvas_length slots, the rest of the canvas is unused: hidden from attention and never accepted. An empty
+    # tuple means a whole free canvas (continue the text).
+    slot_ids: tuple[int, ...] = ()
     pinned: tuple[bool, ...] = ()  # one per slot_ids entry: keep this token
     config: SamplerConfig = field(default_factory=SamplerConfig)
     n_canvases: int = 1  # continuation: later canvases are all free and follow the committed one
@@ -134,6 +137,9 @@ class _Row:
         self.handle, self.req, self.cfg, self.cache = handle, req, req.config, cache
         self.last_logits = last_logits  # (V,) AR next-token logits after the context
         n = len(req.slot_ids)
+        self.valid = torch.ones(L, dtype=torch.bool, device=device)
+        if n:
+            self.valid[n:] = False
         self.pinned = torch.zeros(L, dtype=torch.bool, device=device)
         self.pinned[:n] = torch.tensor(req.pinned, dtype=torch.bool)
         self.pinned_ids = torch.zeros(L, dtype=torch.long, device=device)
@@ -157,7 +163,7 @@ class _Row:
 
     @property
     def free(self) -> Tensor:
-        return ~self.pinned
+        return ~self.pinned & self.valid
 
 
 class Engine:
@@ -305,8 +311,9 @@ class Engine:
             # A zero signal is exactly "no self-conditioning" (the gated MLP maps 0 to 0).
             zeros = torch.zeros(L, model.config.hidden_size, device=model.device, dtype=model.dtype)
             soft = torch.stack([r.soft if r.soft is not None else zeros for r in rows])  # (B, L, M)
+        mask = None if all(bool(r.valid.all()) for r in rows) else torch.stack([r.valid for r in rows])  # (B, L)
         t0 = time.perf_counter()
-        logits = model.denoise(canvas, cache, soft_embeddings=soft)  # (B, L, V)
+        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask)  # (B, L, V)
         temps = torch.stack([r.cfg.temperature(r.remaining) for r in rows]).to(model.device)
         processed = logits.div_(temps[:, None, None])
         new_soft = model.soft_embeddings(processed)  # (B, L, M): next step's self-conditioning
@@ -325,7 +332,7 @@ class Engine:
             row.forwards += 1
             stop = bool(row.stopping.update(row.argmax[None], stats.entropy, free)[0]) or row.remaining == 0
             if stop or row.step_in_canvas % row.req.stream_every == 0:
-                entropy = torch.where(row.pinned, torch.zeros_like(stats.entropy[0]), stats.entropy[0])
+                entropy = torch.where(free[0], stats.entropy[0], torch.zeros_like(stats.entropy[0]))
                 row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
                                        tuple(row.argmax.tolist()), tuple(accepted.tolist()),
                                        tuple(entropy.tolist()), time.perf_counter() - row.t0))
@@ -336,9 +343,10 @@ class Engine:
         """One token (or one run of pinned tokens) through the encoder."""
         model = self.model
         pos = row.ar_pos
+        n_slots = int(row.valid.sum())  # the slots in use are a prefix of the canvas
         if bool(row.pinned[pos]):
             end = pos
-            while end < self.L and bool(row.pinned[end]):
+            while end < n_slots and bool(row.pinned[end]):
                 end += 1
             tokens = row.pinned_ids[pos:end]
         else:
@@ -363,7 +371,7 @@ class Engine:
         row.steps += 1
         row.forwards += 1
         row.step_in_canvas += 1
-        done = end >= self.L
+        done = end >= n_slots
         if done or row.step_in_canvas % row.req.stream_every == 0:
             accepted = torch.zeros(self.L, dtype=torch.bool)
             accepted[pos:end] = True
@@ -393,8 +401,9 @@ class Engine:
             model.encode(row.argmax[None], cache=row.cache, logits="none")
             self.forward_s += time.perf_counter() - t0
         self._stacked = None
-        # Later canvases continue the text: nothing pinned.
+        # Later canvases continue the text: nothing pinned, every slot in use.
         row.pinned.zero_()
+        row.valid.fill_(True)
         row.new_canvas(self.L, self.model.device)
 
     def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:

@@ -308,12 +308,14 @@ class DiffusionModel(nn.Module):
     # ---- decoder ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
-                *, soft_embeddings: Tensor | None = None) -> Tensor:
+                *, soft_embeddings: Tensor | None = None, canvas_mask: Tensor | None = None) -> Tensor:
         """Bidirectional pass over a canvas (B, L) reading `cache`; returns softcapped fp32 logits (B, L, V).
 
         Self-conditioning comes from the previous step's processed logits (B, L, V), or directly as their soft
-        embeddings (B, L, M) when the caller computed them (the fused kernel path)."""
-        return self.denoise_with_grad(canvas_ids, cache, self_conditioning_logits, soft_embeddings=soft_embeddings)
+        embeddings (B, L, M) when the caller computed them (the fused kernel path). `canvas_mask` (B, L) bool marks
+        the slots in use: the others are hidden from every query (their own outputs are meaningless)."""
+        return self.denoise_with_grad(canvas_ids, cache, self_conditioning_logits, soft_embeddings=soft_embeddings,
+                                      canvas_mask=canvas_mask)
 
     def soft_embeddings(self, self_conditioning_logits: Tensor) -> Tensor:
         """softmax(logits) @ embeddings * sqrt(M): (B, L, V) -> (B, L, M)."""
@@ -323,7 +325,7 @@ class DiffusionModel(nn.Module):
 
     def denoise_with_grad(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
                           *, soft_embeddings: Tensor | None = None, sc_row_mask: Tensor | None = None,
-                          return_hidden: bool = False) -> Tensor:
+                          canvas_mask: Tensor | None = None, return_hidden: bool = False) -> Tensor:
         if canvas_ids.dim() != 2:
             raise ValueError(f"canvas_ids must be (batch, canvas_length), got shape {tuple(canvas_ids.shape)}")
         B, L = canvas_ids.shape
@@ -342,10 +344,10 @@ class DiffusionModel(nn.Module):
             if layer_idx is None:
                 continue
             kv_valid = cache.valid_for(layer_idx)  # (B, S)
-            if bool(kv_valid.all()):
+            canvas_valid = torch.ones(B, L, dtype=torch.bool, device=dev) if canvas_mask is None else canvas_mask
+            if bool(kv_valid.all()) and canvas_mask is None:
                 masks[sliding] = None  # no padding: plain bidirectional attention over cache + canvas
             else:
-                canvas_valid = torch.ones(B, L, dtype=torch.bool, device=dev)
                 masks[sliding] = torch.cat([kv_valid, canvas_valid], dim=1)[:, None, None, :]
         for i, layer in enumerate(self.layers):
             attn = layer.attn

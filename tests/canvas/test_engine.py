@@ -119,8 +119,8 @@ def test_ar_feeds_pinned_runs_at_once(model: DiffusionModel) -> None:
     (done,), _ = run(Engine(model), [req])
     out = done.canvases[0]
     assert out[:3] == (7, 8, 9) and out[5] == 10
-    # 1 forward for the pinned run, 1 per free slot up to the next pin, 1 for the pin, then one per trailing slot
-    assert done.forwards == 1 + 2 + 1 + (model.config.canvas_length - 6)
+    # 1 forward for the pinned run, 1 per free slot, 1 for the last pin; the unused rest of the canvas is skipped
+    assert done.forwards == 1 + 2 + 1 and len(out) == model.config.canvas_length
 
 
 def test_continuation_stops_at_eos(model: DiffusionModel) -> None:
@@ -161,3 +161,26 @@ def test_invalid_requests(model: DiffusionModel) -> None:
         engine.submit(GenRequest((10**6,), (), ()))
     with pytest.raises(ValueError, match="max_steps"):
         SamplerConfig(max_steps=0)
+
+
+def test_unused_slots_are_hidden_and_never_generated(model: DiffusionModel) -> None:
+    """A canvas using 10 of its slots: the rest never influences the result and is never counted as generated."""
+    g = torch.Generator().manual_seed(3)
+    V = model.config.vocab_size
+    slots = tuple(torch.randint(3, V, (10,), generator=g).tolist())
+    pinned = (True,) * 4 + (False,) * 3 + (True,) * 3
+    req = GenRequest((2, 9, 4), slots, pinned, SamplerConfig(max_steps=4, seed=3))
+    (done,), (frames,) = run(Engine(model), [req])
+    assert done.generated == 3
+    for f in frames:
+        assert not any(f.accepted[10:]) and all(e == 0.0 for e in f.entropy[10:])
+    # Hidden slots cannot leak into the used ones: a different noise seed for them changes nothing used.
+    cache = model.encode(torch.tensor([[2, 9, 4]]), logits="none")[1]
+    a = torch.randint(0, V, (1, model.config.canvas_length), generator=g)
+    b = a.clone()
+    b[0, 10:] = torch.randint(0, V, (model.config.canvas_length - 10,), generator=g)
+    mask = torch.zeros(1, model.config.canvas_length, dtype=torch.bool)
+    mask[0, :10] = True
+    la = model.denoise(a, cache, canvas_mask=mask)
+    lb = model.denoise(b, cache, canvas_mask=mask)
+    torch.testing.assert_close(la[:, :10], lb[:, :10])
