@@ -77,8 +77,7 @@ class App {
     this.gen.setModes(m.modes);
     this.refreshList();
     const wanted = this.doc ? this.doc.doc_id : docFromHash();
-    if (wanted) await this.open(wanted);
-    else this.showNewForm(true);
+    if (!wanted || !(await this.open(wanted))) this.showNewForm(true);
   }
 
   _onClosed({ code, reason, fatal, retryIn }) {
@@ -153,10 +152,11 @@ class App {
     this.refreshControls();
   }
 
+  /** Open document `docId`; resolves with whether it is now on screen. */
   async open(docId) {
     const previous = this.doc;
     const state = await this.call("Opening the document", REQUEST.DOC_OPEN, { doc_id: docId });
-    if (!state) return;
+    if (!state) return false;
     if (previous && previous.doc_id !== docId) {
       this.gen.reset();
       this.call("Closing the previous document", REQUEST.DOC_CLOSE, { doc_id: previous.doc_id });
@@ -165,6 +165,7 @@ class App {
     this.setDoc(state, { force: true });
     this.showNewForm(false);
     if (!previous || previous.doc_id !== docId) this.refreshList();
+    return true;
   }
 
   async create(text, name) {
