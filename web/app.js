@@ -49,6 +49,7 @@ class App {
     if (token) sessionStorage.setItem(TOKEN_KEY, token);
     else sessionStorage.removeItem(TOKEN_KEY);
     $("conn-url").value = url;
+    this.gen.interrupted("reconnecting"); // generations belong to the connection that started them
     if (url !== this.conn.url || (token || null) !== this.conn.token) {
       this.conn.close();
       this.conn = this._makeConnection();
@@ -194,7 +195,8 @@ class App {
     const free = state.spans.filter((s) => s.kind === SPAN_KIND.FREE).reduce((n, s) => n + s.slots, 0);
     $("doc-meta").textContent =
       `${state.name || "untitled"} · v${state.v} · ${cpLength(state.text)} characters · ` +
-      `window ${state.window.start}–${state.window.end} · ${slots} slots, ${free} free`;
+      `window ${state.window.start}–${state.window.end} · ${slots} slots, ${free} free` +
+      (state.gen ? ` · generating (${state.gen})` : "");
     $("doc-view").dataset.v = String(state.v);
     if (location.hash !== `#doc=${state.doc_id}`) history.replaceState(null, "", `#doc=${state.doc_id}`);
     this._clampRange();

@@ -70,6 +70,7 @@ export class Connection extends EventTarget {
     this._retryTimer = null;
     if (this._ws) {
       this._drop(this._ws);
+      this._failPending("the page reconnected");
     }
     this._setState("connecting", this._attempt ? `attempt ${this._attempt + 1}` : "");
     let ws;
