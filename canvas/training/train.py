@@ -1,0 +1,419 @@
+"""`dcanvas train`: train the embedded model with the DiffusionGemma recipe, resumably, on the CPU (or a GPU).
+
+A run lives in one directory (`--run`, default `runs/canvas-6m`): `train_config.json` (written on the first start;
+later starts reuse it and only the options given on the command line override it), `checkpoint.pt` (model,
+optimizer, step, tokens seen, wall time, loss history; written atomically every `checkpoint_minutes` and at exit,
+the previous one kept as `checkpoint.prev.pt`), and `loss.json` / `loss.csv` (the loss curve). A start resumes
+from the checkpoint when there is one. Batches are drawn from generators seeded by `(seed, step)`, so a resumed
+run trains on exactly the batches an uninterrupted one would.
+
+Learning rate: warmup, constant, then linear decay over the last `decay_frac` of `max_steps` (warmup-stable-decay),
+so a run can be extended while it is in its stable phase. `--max-minutes` bounds one invocation (sessions end
+abruptly; the CPU is shared) and `--threads` the torch threads. `dcanvas train --bench` prints the decoder latency
+of the configured model (one 256-token canvas, batch 1, with self-conditioning) and exits; `--export DIR` writes
+the trained model in HF format with its tokenizer and model card (`canvas.training.export`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from canvas.model import DiffusionModel, ModelConfig
+from canvas.model.config import FULL, PRESETS, SLIDING
+from canvas.training.corrupt import Batch, CorruptionConfig, sample_batch
+from canvas.training.objective import ObjectiveConfig, compute_losses
+from canvas.training.tokens import TokenArrays, file_sha256
+
+# Model shapes; the vocabulary and special ids are filled in from the tokenizer (`model_config`).
+# canvas-6m: sized for ~30 ms per decoder step (256-token canvas, batch 1, with self-conditioning) on this
+# 2-core CPU in fp32. The vocabulary-sized work (LM head, softcap, self-conditioning's softmax @ embeddings)
+# dominates at this size, hence a 4096-token vocabulary and hidden 192; see `dcanvas train --bench`.
+MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    "canvas-6m": dict(
+        hidden_size=192, intermediate_size=384, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
+        head_dim=64, global_head_dim=128, num_global_key_value_heads=1, layer_types=(SLIDING, FULL, SLIDING, FULL),
+        sliding_window=256, num_experts=8, top_k_experts=2, moe_intermediate_size=192, canvas_length=256,
+        max_position_embeddings=8192, final_logit_softcapping=30.0,
+    ),
+    "tiny": {k: getattr(PRESETS["tiny"], k) for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "global_head_dim", "num_global_key_value_heads", "layer_types", "sliding_window", "num_experts",
+        "top_k_experts", "moe_intermediate_size", "canvas_length")},
+}  # fmt: skip
+
+
+def model_config(shape: str, special: dict[str, int], vocab_size: int) -> ModelConfig:
+    if shape not in MODEL_SHAPES:
+        raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(MODEL_SHAPES)}")
+    return ModelConfig(
+        **MODEL_SHAPES[shape],
+        vocab_size=vocab_size,
+        pad_token_id=special["pad"],
+        bos_token_id=special["bos"],
+        eos_token_ids=(special["eos"],),
+        null_token_id=special["null"],
+        name=shape,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    model: str = "canvas-6m"
+    tokens_dir: str = "data/tokens"
+    tokenizer_dir: str = "data/tokenizer"  # copied into an export (checked against the token arrays' hash)
+    corpus_dir: str = "data/corpus"  # its manifest feeds the model card
+    seed: int = 0
+    batch_size: int = 8
+    lr: float = 2e-3
+    min_lr_frac: float = 0.05  # the decay phase ends at lr * min_lr_frac
+    warmup_steps: int = 200
+    decay_frac: float = 0.2  # share of max_steps spent decaying the lr
+    max_steps: int = 20_000
+    weight_decay: float = 0.1  # matrices only; norms, scales and routers' per-expert scales are not decayed
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 4
+    checkpoint_minutes: float = 5.0
+    init_std: float = 0.02
+    corruption: CorruptionConfig = field(default_factory=CorruptionConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_steps", "log_every", "eval_every", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or not 0 <= self.min_lr_frac <= 1 or not 0 <= self.decay_frac <= 1:
+            raise ValueError("need lr > 0 and min_lr_frac, decay_frac in [0, 1]")
+        if self.warmup_steps < 0 or self.checkpoint_minutes <= 0 or self.grad_clip <= 0:
+            raise ValueError("need warmup_steps >= 0, checkpoint_minutes > 0, grad_clip > 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TrainConfig:
+        raw = dict(raw)
+        corruption = CorruptionConfig(**raw.pop("corruption", {}))
+        objective = ObjectiveConfig(**raw.pop("objective", {}))
+        return cls(**raw, corruption=corruption, objective=objective)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        decay_start = int(self.max_steps * (1 - self.decay_frac))
+        if step < decay_start:
+            return self.lr
+        frac = min(1.0, (step - decay_start) / max(1, self.max_steps - decay_start))
+        return self.lr * (1 - frac * (1 - self.min_lr_frac))
+
+
+def _step_generators(seed: int, step: int, stream: int = 0) -> tuple[np.random.Generator, torch.Generator]:
+    rng = np.random.default_rng([seed, stream, step])
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+    return rng, gen
+
+
+def param_groups(model: DiffusionModel, weight_decay: float) -> list[dict[str, Any]]:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+
+
+@dataclass(slots=True)
+class RunState:
+    step: int = 0
+    tokens_seen: int = 0  # stream tokens read (prefix + canvas per example)
+    canvas_tokens: int = 0  # canvas slots denoised
+    wall_seconds: float = 0.0  # training time summed over invocations
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, run_dir: Path, cfg: TrainConfig, *, device: str = "cpu") -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.train_data = TokenArrays.open(cfg.tokens_dir, "train")
+        self.valid_data = TokenArrays.open(cfg.tokens_dir, "valid")
+        special = self.train_data.special_ids
+        self.model_config = model_config(cfg.model, special, int(self.train_data.meta["vocab_size"]))
+        if self.model_config.canvas_length != cfg.corruption.canvas_length:
+            # The model decides the canvas; training canvases must match it.
+            corruption = dataclasses.replace(cfg.corruption, canvas_length=self.model_config.canvas_length)
+            cfg = self.cfg = dataclasses.replace(cfg, corruption=corruption)
+        torch.manual_seed(cfg.seed)
+        with torch.device(self.device):
+            self.model = DiffusionModel(self.model_config, init=False)
+        self.model.reset_parameters(std=cfg.init_std, generator=torch.Generator(self.device).manual_seed(cfg.seed))
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8
+        )
+        self.state = RunState()
+        self.null_id = special["null"]
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "state": asdict(self.state),
+            "train_config": self.cfg.to_json(),
+            "model_config": self.model_config.to_hf_dict(),
+            "tokens_meta": self.train_data.meta,
+        }
+        tmp = self.run_dir / "checkpoint.pt.tmp"
+        torch.save(payload, tmp)
+        if self.checkpoint_path.exists():
+            os.replace(self.checkpoint_path, self.run_dir / "checkpoint.prev.pt")
+        os.replace(tmp, self.checkpoint_path)
+        self.write_curve()
+
+    def load(self) -> bool:
+        if not self.checkpoint_path.exists():
+            return False
+        payload = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        if payload["model_config"] != self.model_config.to_hf_dict():
+            raise ValueError(f"{self.checkpoint_path} holds another model shape or tokenizer; use another --run")
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.state = RunState(**payload["state"])
+        return True
+
+    def write_curve(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "loss.json").write_text(json.dumps(self.state.history, indent=1) + "\n", encoding="utf-8")
+        keys = sorted({k for row in self.state.history for k in row}, key=lambda k: (k != "step", k))
+        with (self.run_dir / "loss.csv").open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(self.state.history)
+
+    # ---- steps ------------------------------------------------------------------------------------------------
+    def batch(self, step: int, *, valid: bool = False, index: int = 0) -> tuple[Batch, torch.Generator]:
+        data = self.valid_data if valid else self.train_data
+        rng, gen = _step_generators(self.cfg.seed, index if valid else step, stream=1 if valid else 0)
+        batch = sample_batch(
+            data.tokens,
+            data.doc_starts,
+            self.cfg.batch_size,
+            self.cfg.corruption,
+            vocab_size=self.model_config.vocab_size,
+            null_id=self.null_id,
+            rng=rng,
+            gen=gen,
+        )
+        return batch, gen
+
+    def train_step(self) -> dict[str, float]:
+        step = self.state.step
+        batch, gen = self.batch(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr_at(step)
+        self.model.train()
+        losses = compute_losses(self.model, batch, self.cfg.objective, gen)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses.total.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        self.optimizer.step()
+        self.state.step += 1
+        self.state.tokens_seen += int(batch.encoder_ids.numel())
+        self.state.canvas_tokens += int(batch.canvas_noisy.numel())
+        return {
+            "loss": float(losses.total.detach()),
+            "denoise": float(losses.denoise),
+            "ar": float(losses.ar),
+            "balance": float(losses.balance),
+            "denoise_noised": losses.denoise_noised,
+            "denoise_clean": losses.denoise_clean,
+            "grad_norm": grad_norm,
+            "lr": self.cfg.lr_at(step),
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation losses on fixed batches (the same every time), without self-conditioning."""
+        self.model.eval()
+        no_sc = dataclasses.replace(self.cfg.objective, p_self_cond=0.0)
+        sums = {"valid_denoise": 0.0, "valid_ar": 0.0, "valid_denoise_noised": 0.0}
+        for i in range(self.cfg.eval_batches):
+            batch, gen = self.batch(0, valid=True, index=i)
+            losses = compute_losses(self.model, batch, no_sc, gen)
+            sums["valid_denoise"] += float(losses.denoise)
+            sums["valid_ar"] += float(losses.ar)
+            sums["valid_denoise_noised"] += losses.denoise_noised
+        return {k: v / self.cfg.eval_batches for k, v in sums.items()}
+
+    def fit(self, *, max_minutes: float | None, stop_at_step: int | None, console: Any) -> RunState:
+        """Train until `max_steps`, `stop_at_step` or `max_minutes` of this invocation; checkpoint on the way."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        end = min(self.cfg.max_steps, stop_at_step or self.cfg.max_steps)
+        started = time.perf_counter()
+        last_ckpt = started
+        window: list[dict[str, float]] = []
+        window_tokens, window_start = 0, time.perf_counter()
+        progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(), console=console, disable=not console.is_terminal,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("train", total=self.cfg.max_steps, completed=self.state.step, info="")
+            while self.state.step < end:
+                if max_minutes is not None and time.perf_counter() - started > 60 * max_minutes:
+                    console.print(f"stopping after {max_minutes} min (step {self.state.step})")
+                    break
+                t0 = time.perf_counter()
+                before = self.state.tokens_seen
+                window.append(self.train_step())
+                self.state.wall_seconds += time.perf_counter() - t0
+                window_tokens += self.state.tokens_seen - before
+                step = self.state.step
+                if step % self.cfg.log_every == 0 or step == end:
+                    elapsed = time.perf_counter() - window_start
+                    row = {k: sum(r[k] for r in window) / len(window) for k in window[0]}
+                    row.update(step=step, tokens=self.state.tokens_seen, wall_s=round(self.state.wall_seconds, 1))
+                    row["tokens_per_s"] = window_tokens / max(elapsed, 1e-9)
+                    if step % self.cfg.eval_every == 0 or step == end:
+                        row.update(self.evaluate())
+                    self.state.history.append(row)
+                    info = (
+                        f"loss {row['loss']:.3f} (denoise {row['denoise']:.3f}, ar {row['ar']:.3f}) "
+                        f"{row['tokens_per_s']:.0f} tok/s lr {row['lr']:.2e}"
+                    )
+                    if "valid_denoise" in row:
+                        info += f" | valid denoise {row['valid_denoise']:.3f} ar {row['valid_ar']:.3f}"
+                    progress.update(task, completed=step, info=info)
+                    if not console.is_terminal:
+                        console.print(f"step {step}: {info}")
+                    window, window_tokens, window_start = [], 0, time.perf_counter()
+                if time.perf_counter() - last_ckpt > 60 * self.cfg.checkpoint_minutes:
+                    self.save()
+                    last_ckpt = time.perf_counter()
+        self.save()
+        return self.state
+
+
+def measure_decoder_ms(model: DiffusionModel, *, prefix: int = 64, reps: int = 20) -> dict[str, float]:
+    """Wall time of one decoder step on a 256-token canvas, batch 1, with self-conditioning logits (ms)."""
+    cfg = model.config
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        _, cache = model.encode(torch.randint(0, cfg.vocab_size, (1, prefix), generator=g))
+        canvas = torch.randint(0, cfg.vocab_size, (1, cfg.canvas_length), generator=g)
+        sc = torch.randn(1, cfg.canvas_length, cfg.vocab_size, generator=g)
+        model.denoise(canvas, cache, sc)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.denoise(canvas, cache, sc)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"min_ms": 1e3 * times[0], "median_ms": 1e3 * times[len(times) // 2], "threads": torch.get_num_threads()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------
+
+_OVERRIDES = (
+    "model", "tokens_dir", "tokenizer_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
+    "log_every", "eval_every", "checkpoint_minutes",
+)  # fmt: skip
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", type=Path, default=Path("runs/canvas-6m"), help="run directory (resumes if present)")
+    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (canvas-6m)")
+    parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens)")
+    parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None, help="tokenizer (data/tokenizer)")
+    parser.add_argument("--corpus-dir", dest="corpus_dir", default=None, help="corpus with manifest (data/corpus)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=None)
+    parser.add_argument("--max-steps", dest="max_steps", type=int, default=None, help="length of the lr schedule")
+    parser.add_argument("--log-every", dest="log_every", type=int, default=None)
+    parser.add_argument("--eval-every", dest="eval_every", type=int, default=None)
+    parser.add_argument("--checkpoint-minutes", dest="checkpoint_minutes", type=float, default=None)
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop this invocation after N minutes")
+    parser.add_argument("--stop-at-step", type=int, default=None, help="stop this invocation at step N")
+    # One thread by default: on the shared 2-core machine, two torch threads next to other busy processes ran
+    # a training step ~10x slower than one thread (the threads wait on each other at every op).
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit")
+    parser.add_argument("--export", type=Path, default=None, help="after training, export to this directory")
+    parser.add_argument("--export-only", action="store_true", help="export the run's checkpoint, do not train")
+    parser.set_defaults(func=run)
+
+
+def resolve_config(run_dir: Path, args: argparse.Namespace) -> TrainConfig:
+    """The run's saved config (or the defaults for a new run) with the options given on the command line."""
+    saved = run_dir / "train_config.json"
+    base = TrainConfig.from_json(json.loads(saved.read_text(encoding="utf-8"))) if saved.exists() else TrainConfig()
+    changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k, None) is not None}
+    return dataclasses.replace(base, **changes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    torch.set_num_threads(max(1, args.threads))
+    if args.device != "cpu":
+        # The Triton kernels have no backward; training runs the torch references (the CPU path anyway).
+        os.environ["DCANVAS_KERNELS"] = "ref"
+    try:
+        cfg = resolve_config(args.run, args)
+        trainer = Trainer(args.run, cfg, device=args.device)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    resumed = trainer.load()
+    if args.bench:
+        n = sum(p.numel() for p in trainer.model.parameters())
+        console.print(f"{cfg.model}: {n / 1e6:.2f}M parameters; decoder step {measure_decoder_ms(trainer.model)}")
+        return 0
+    if not args.export_only:
+        args.run.mkdir(parents=True, exist_ok=True)
+        (args.run / "train_config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n", encoding="utf-8")
+        n = sum(p.numel() for p in trainer.model.parameters())
+        what = f"resuming at step {trainer.state.step}" if resumed else "new run"
+        console.print(f"{args.run}: {what}; {cfg.model} {n / 1e6:.2f}M params, batch {cfg.batch_size}, "
+                      f"tokens {file_sha256(Path(cfg.tokens_dir) / 'train.bin')[:12]}")  # fmt: skip
+        trainer.fit(max_minutes=args.max_minutes, stop_at_step=args.stop_at_step, console=console)
+    if args.export is not None:
+        from canvas.training.export import export_run
+
+        if not resumed and args.export_only:
+            console.print(f"[red]error:[/red] no checkpoint in {args.run}")
+            return 2
+        out = export_run(trainer, args.export)
+        console.print(f"exported to {out}")
+    return 0
+
+
+def steps_for_tokens(tokens: int, cfg: TrainConfig) -> int:
+    """Steps needed to read `tokens` stream tokens at this batch size (mean prefix length)."""
+    c = cfg.corruption
+    per_step = cfg.batch_size * ((c.min_prefix + c.max_prefix) / 2 + c.canvas_length)
+    return math.ceil(tokens / per_step)
