@@ -12,7 +12,8 @@ Recipe (NeMo AutoModel's DiffusionGemma SFT guide, read for the method, no code 
 - decoder: bidirectional pass over the noisy canvas reading the encoder's prefix K/V (sliding layers: the last
   `sliding_window - 1` prefix positions, as the inference cache keeps); flat CE over every unpinned slot;
 - self-conditioning: per example with probability `p_self_cond`, a no-grad first decoder pass gives logits whose
-  soft embeddings (softmax @ embeddings * sqrt(M)) feed the second pass, as the sampler feeds the previous step's;
+  soft embeddings (softmax @ embeddings * sqrt(M)) feed the second pass, as the sampler feeds the previous step's
+  (temperature-scaled, so the first pass's logits get a random temperature from `sc_temperature`);
 - total = denoise + `ar_weight` * AR + `balance_weight` * Switch-style router load-balance loss (E * sum f_e p_e,
   averaged over layers and both passes), which keeps the experts in use.
 
@@ -41,11 +42,17 @@ class ObjectiveConfig:
     ar_weight: float = 1.0  # the encoder's next-token loss, so AR mode (and the prefix K/V) are trained
     p_self_cond: float = 0.5  # share of examples whose decoder pass gets a first pass's soft embeddings
     balance_weight: float = 0.01  # router load balance (Switch Transformer's auxiliary loss)
+    # The sampler feeds back temperature-scaled logits (its schedule runs 0.8 -> 0.4), sharper than the raw ones;
+    # the first pass's logits are divided by a temperature drawn per example from this range to match.
+    sc_temperature: tuple[float, float] = (0.4, 1.0)
     # "prefix": the encoder reads only the prefix (its K/V is all the decoder needs; AR loss on the prefix).
     # "window": it also reads the text after it, as the recipe does, for more AR positions at ~2x encoder cost.
     encoder_span: Literal["prefix", "window"] = "prefix"
 
     def __post_init__(self) -> None:
+        lo, hi = self.sc_temperature
+        if not 0 < lo <= hi:
+            raise ValueError(f"sc_temperature must be a range 0 < lo <= hi, got {self.sc_temperature}")
         if self.encoder_span not in ("prefix", "window"):
             raise ValueError(f"encoder_span must be 'prefix' or 'window', got {self.encoder_span!r}")
         if self.ar_weight < 0 or self.balance_weight < 0:
@@ -214,6 +221,9 @@ def compute_losses(model: DiffusionModel, batch: Batch, cfg: ObjectiveConfig, ge
         rows = use_sc.nonzero().squeeze(1).to(device)
         with torch.no_grad():
             first = decoder_pass(model, noisy[rows], [(k[rows], v[rows]) for k, v in kv], P)
+            lo, hi = cfg.sc_temperature
+            temperature = lo + (hi - lo) * torch.rand(len(rows), generator=gen)  # (S,)
+            first = first / temperature.to(device)[:, None, None]
         soft = torch.zeros(B, noisy.shape[1], model.config.hidden_size, device=device, dtype=model.dtype)
         soft = soft.index_copy(0, rows, soft_embeddings(model, first))
     hidden_dec = decoder_pass(model, noisy, kv, P, soft, balance, return_hidden=True)  # (B, L, M)

@@ -123,5 +123,7 @@ def test_objective_config_validation() -> None:
         ObjectiveConfig(p_self_cond=1.5)
     with pytest.raises(ValueError):
         ObjectiveConfig(ar_weight=-1)
+    with pytest.raises(ValueError, match="sc_temperature"):
+        ObjectiveConfig(sc_temperature=(1.0, 0.5))
     with pytest.raises(ValueError, match="encoder_span"):
         ObjectiveConfig(encoder_span="all")  # type: ignore[arg-type]
