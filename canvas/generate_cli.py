@@ -18,11 +18,6 @@ from pathlib import Path
 from typing import Any
 
 
-def default_model_dir() -> Path | None:
-    candidate = Path(__file__).resolve().parent / "assets" / "default-model"
-    return candidate if (candidate / "config.json").is_file() else None
-
-
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
@@ -50,6 +45,7 @@ def load(model_dir: Path) -> tuple[Any, Any, dict[str, int]]:
 def run(args: argparse.Namespace) -> int:
     from canvas.engine import Engine, Frame, GenRequest
     from canvas.sampler import SamplerConfig
+    from canvas.server.backend import default_model_dir
 
     model_dir = args.model or default_model_dir()
     if model_dir is None:

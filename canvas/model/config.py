@@ -4,7 +4,8 @@
 (`model_type` `diffusion_gemma` with a `text_config`, or a bare `diffusion_gemma_text` config) onto it, including
 the per-layer overrides of full-attention layers (`per_layer_config`, or the legacy `global_head_dim` /
 `num_global_key_value_heads`), and `to_hf_dict` writes the same layout back. Presets live in `PRESETS`
-(`tiny` for tests, `default-small` for the embedded model, `26b-a4b` for the published text shapes).
+(`tiny` for tests, `bench-15m` for CPU benchmarks, `26b-a4b` for the published text shapes; the embedded
+model's shape lives with its training recipe, `canvas.training.train.MODEL_SHAPES`).
 
 Invariants (checked in `__post_init__`): the last layer is full attention, heads divide evenly into KV groups,
 top-k <= experts, and every special token id lies inside the vocabulary.
