@@ -1,0 +1,28 @@
+"""SVG snapshots (pytest-textual-snapshot) of the editor at 80x24: idle, mid-generation, proposal, help.
+
+A snapshot must not depend on timing, so these run without a server on the scenes of `tests.tui.scenes`. Update
+them after a deliberate change with `pytest tests/tui/test_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.tui.scenes import app_for, generating, opened, proposal_shown
+
+
+def test_idle(snap_compare: Any, tmp_path: Path) -> None:
+    assert snap_compare(app_for(tmp_path), run_before=opened)
+
+
+def test_generating_with_entropy_colours(snap_compare: Any, tmp_path: Path) -> None:
+    assert snap_compare(app_for(tmp_path), run_before=generating)
+
+
+def test_proposal_diff(snap_compare: Any, tmp_path: Path) -> None:
+    assert snap_compare(app_for(tmp_path), run_before=proposal_shown, press=["tab"])
+
+
+def test_help(snap_compare: Any, tmp_path: Path) -> None:
+    assert snap_compare(app_for(tmp_path), run_before=opened, press=["f1"])

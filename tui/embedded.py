@@ -1,0 +1,77 @@
+"""The editor's own server: `canvas.server.embedded.EmbeddedServer`, started on demand and restarted if it dies.
+
+`dcanvas tui` without `--server` runs one in this process (a background thread, a free loopback port, documents in
+memory: the file on disk is the editor's truth, not the server's store), so that `make run` alone gives a working
+editor. `LocalServer` chooses the model (`--model DIR`, else the installed default), turns every way starting can
+fail into an `EmbeddedServerError` whose message says what to do, and can tell whether the server still answers.
+
+`start()` blocks while the model loads: the app calls it from a thread (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from canvas.server.embedded import EmbeddedServer
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded server could not start (no model, a broken model directory, no free port)."""
+
+
+class LocalServer:
+    def __init__(self, model_dir: str | Path | None = None) -> None:
+        self.model_dir = None if model_dir is None else str(model_dir)
+        self._server: EmbeddedServer | None = None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise EmbeddedServerError("the embedded server has not been started")
+        return self._server.url
+
+    @property
+    def alive(self) -> bool:
+        """The server was started, not stopped, and accepts connections."""
+        if self._server is None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", self._server.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def start(self) -> str:
+        """Start a server (a fresh one if a previous one died) and return its websocket URL."""
+        from canvas.server.backend import default_model_dir
+        from canvas.server.embedded import EmbeddedServer
+
+        if self.alive:
+            return self.url
+        self.stop()
+        model_dir = self.model_dir or default_model_dir()
+        if model_dir is None:
+            raise EmbeddedServerError(
+                "no default model is installed: start with --model DIR (a dcanvas model directory), "
+                "or connect to a running server with --server ws://HOST:PORT/ws"
+            )
+        if not (Path(model_dir) / "config.json").is_file():
+            raise EmbeddedServerError(f"{model_dir} is not a dcanvas model directory (it has no config.json)")
+        try:
+            server = EmbeddedServer(model_dir=str(model_dir))
+        except Exception as e:  # a broken model directory: say what and where, not how deep in the stack
+            raise EmbeddedServerError(f"could not load the model in {model_dir}: {e}") from e
+        try:
+            server.start()
+        except RuntimeError as e:
+            raise EmbeddedServerError(str(e)) from e
+        self._server = server
+        return server.url
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
