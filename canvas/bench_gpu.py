@@ -15,11 +15,12 @@ import argparse
 import dataclasses
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from canvas.model import PRESETS, ModelConfig, load_state_dict_hf
+from canvas.model.config import FULL, SLIDING, LayerType
 
 VLLM_H100_FP8_TOK_S = 1757.0
 FIXED_STEPS = 16
@@ -32,7 +33,7 @@ def _reference(cfg: ModelConfig, device: str, dtype: torch.dtype) -> Any:
     config = DiffusionGemmaConfig(text_config=hf["text_config"], vision_config=hf["vision_config"],
                                   canvas_length=cfg.canvas_length)
     with torch.device(device):
-        ref = DiffusionGemmaForBlockDiffusion(config).to(dtype).eval()
+        ref = cast(Any, DiffusionGemmaForBlockDiffusion(config)).to(dtype).eval()
     return ref
 
 
@@ -103,8 +104,8 @@ def bench_model_gpu(args: argparse.Namespace) -> dict[str, Any]:
     times = {}
     for layers in sizes:
         # Keep the reference's 5:1 sliding:full pattern, last layer full.
-        types = tuple("sliding_attention" if (i + 1) % 6 and i != layers - 1 else "full_attention"
-                      for i in range(layers))
+        types: tuple[LayerType, ...] = tuple(SLIDING if (i + 1) % 6 and i != layers - 1 else FULL
+                                             for i in range(layers))
         cfg = dataclasses.replace(base, num_hidden_layers=layers, layer_types=types)
         times[layers] = _step_times(cfg, 1024 if on_gpu else 32, args.runs, device, dtype)
         if on_gpu:

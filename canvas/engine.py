@@ -180,7 +180,7 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._pending: deque[tuple[GenHandle, GenRequest]] = deque()
         self._rows: list[_Row] = []
-        self._stacked: tuple[tuple[int, ...], KVCache] | None = None
+        self._stacked: tuple[tuple[tuple[int, int], ...], KVCache] | None = None
         self._contexts: OrderedDict[tuple[int, ...], tuple[KVCache, Tensor]] = OrderedDict()
         self._context_cache_size = context_cache_size
         self._thread: threading.Thread | None = None

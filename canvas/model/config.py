@@ -148,8 +148,8 @@ class ModelConfig:
         global_head_dim = int(text.get("global_head_dim", 512))
         global_kv = text.get("num_global_key_value_heads")
         per_layer = text.get("per_layer_config") or {}
-        full_overrides = [per_layer.get(str(i), per_layer.get(i)) for i, t in enumerate(layer_types) if t == FULL]
-        full_overrides = [o for o in full_overrides if o]
+        found = [per_layer.get(str(i), per_layer.get(i)) for i, t in enumerate(layer_types) if t == FULL]
+        full_overrides: list[dict[str, Any]] = [o for o in found if o]
         if full_overrides:
             if any(o != full_overrides[0] for o in full_overrides):
                 raise ValueError("full-attention layers with differing per_layer_config are not supported")

@@ -96,46 +96,61 @@ class _DictSource(_TensorSource):
         return self.tensors[name]
 
 
-def _hf_names(model: DiffusionModel) -> Iterator[tuple[torch.Tensor, Callable[[_TensorSource], torch.Tensor], str]]:
+Reader = Callable[[_TensorSource], torch.Tensor]
+
+
+def _shared(*names: str) -> Reader:
+    """Read weights shared by encoder and decoder, concatenated along dim 0 when several (a fused matrix)."""
+    return lambda s: torch.cat([s.shared(n) for n in names]) if len(names) > 1 else s.shared(names[0])
+
+
+def _exact(*names: str) -> Reader:
+    """Read the first of `names` that exists (decoder-only weights, per-pass buffers)."""
+
+    def read(s: _TensorSource) -> torch.Tensor:
+        for n in names[:-1]:
+            if s.has(n):
+                return s.get(n)
+        return s.get(names[-1])
+
+    return read
+
+
+def _hf_names(model: DiffusionModel) -> Iterator[tuple[torch.Tensor, Reader, str]]:
     """(destination, how to read it, HF name for messages) for every tensor of the model."""
     cfg = model.config
-    yield model.embed, lambda s: s.shared("embed_tokens.weight"), "embed_tokens.weight"
-    yield model.norm, lambda s: s.shared("norm.weight"), "norm.weight"
+    yield model.embed, _shared("embed_tokens.weight"), "embed_tokens.weight"
+    yield model.norm, _shared("norm.weight"), "norm.weight"
     sc = model.self_conditioning
     p = "decoder.self_conditioning."
-    yield sc.pre_norm, lambda s: s.get(p + "pre_norm.weight"), p + "pre_norm.weight"
-    yield sc.gate_up, lambda s: torch.cat([s.get(p + "gate_proj.weight"), s.get(p + "up_proj.weight")]), p + "gate/up"
-    yield sc.down, lambda s: s.get(p + "down_proj.weight"), p + "down_proj.weight"
-    for i, layer in enumerate(model.layers):
+    yield sc.pre_norm, _exact(p + "pre_norm.weight"), p + "pre_norm.weight"
+    gate_up = (p + "gate_proj.weight", p + "up_proj.weight")
+    yield sc.gate_up, lambda s: torch.cat([s.get(n) for n in gate_up]), p + "gate/up_proj"
+    yield sc.down, _exact(p + "down_proj.weight"), p + "down_proj.weight"
+    for i, layer in enumerate(model.blocks):
         lp = f"layers.{i}."
         a = lp + "self_attn."
-
-        def qkv(s: _TensorSource, a: str = a, has_v: bool = cfg.layer_has_v_proj(i)) -> torch.Tensor:
-            parts = [s.shared(a + "q_proj.weight"), s.shared(a + "k_proj.weight")]
-            if has_v:
-                parts.append(s.shared(a + "v_proj.weight"))
-            return torch.cat(parts)
-
-        yield layer.attn.qkv, qkv, a + "q/k/v_proj"
-        for ours, theirs in (("o_proj", "o_proj.weight"), ("q_norm", "q_norm.weight"), ("k_norm", "k_norm.weight")):
-            yield getattr(layer.attn, ours), (lambda s, n=a + theirs: s.shared(n)), a + theirs
+        qkv = [a + "q_proj.weight", a + "k_proj.weight"] + ([a + "v_proj.weight"] if cfg.layer_has_v_proj(i) else [])
+        yield layer.attn.qkv, _shared(*qkv), a + "q/k/v_proj"
+        yield layer.attn.o_proj, _shared(a + "o_proj.weight"), a + "o_proj.weight"
+        yield layer.attn.q_norm, _shared(a + "q_norm.weight"), a + "q_norm.weight"
+        yield layer.attn.k_norm, _shared(a + "k_norm.weight"), a + "k_norm.weight"
         for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                      "pre_feedforward_layernorm_2"):
-            yield getattr(layer, norm), (lambda s, n=lp + norm + ".weight": s.shared(n)), lp + norm
+            yield getattr(layer, norm), _shared(lp + norm + ".weight"), lp + norm + ".weight"
         m = lp + "mlp."
-        yield layer.mlp_gate_up, (lambda s, m=m: torch.cat([s.shared(m + "gate_proj.weight"),
-                                                             s.shared(m + "up_proj.weight")])), m + "gate/up_proj"
-        yield layer.mlp_down, (lambda s, m=m: s.shared(m + "down_proj.weight")), m + "down_proj.weight"
+        yield layer.mlp_gate_up, _shared(m + "gate_proj.weight", m + "up_proj.weight"), m + "gate/up_proj"
+        yield layer.mlp_down, _shared(m + "down_proj.weight"), m + "down_proj.weight"
         for ours, theirs in (("router_proj", "router.proj.weight"), ("router_scale", "router.scale"),
                              ("per_expert_scale", "router.per_expert_scale"),
                              ("experts_gate_up", "experts.gate_up_proj"), ("experts_down", "experts.down_proj")):
-            yield getattr(layer, ours), (lambda s, n=lp + theirs: s.shared(n)), lp + theirs
-        yield layer.decoder_scalar, (lambda s, n=lp: s.get("decoder." + n + "layer_scalar")), lp + "layer_scalar"
-        yield (layer.encoder_scalar,
-               (lambda s, n=lp: s.get("encoder.language_model." + n + "layer_scalar")
-                if s.has("encoder.language_model." + n + "layer_scalar") else s.get("decoder." + n + "layer_scalar")),
-               "encoder." + lp + "layer_scalar")
+            yield getattr(layer, ours), _shared(lp + theirs), lp + theirs
+        dec = "decoder." + lp + "layer_scalar"
+        yield layer.decoder_scalar, _exact(dec), dec
+        # Checkpoints without a separate encoder scalar share the decoder's.
+        enc = "encoder.language_model." + lp + "layer_scalar"
+        yield layer.encoder_scalar, _exact(enc, dec), enc
 
 
 def load_pretrained(path: str | Path, *, device: torch.device | str = "cpu",
@@ -185,7 +200,7 @@ def save_pretrained(model: DiffusionModel, path: str | Path) -> None:
     put("decoder.self_conditioning.gate_proj.weight", gate)
     put("decoder.self_conditioning.up_proj.weight", up)
     put("decoder.self_conditioning.down_proj.weight", sc.down)
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.blocks):
         lp = f"decoder.layers.{i}."
         H, G, D = cfg.num_attention_heads, cfg.layer_kv_heads(i), cfg.layer_head_dim(i)
         qkv = layer.attn.qkv

@@ -15,7 +15,7 @@ D head dim, M hidden size, V vocabulary, E experts, K experts per token.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
+    inv_freq: Tensor
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -94,6 +96,9 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """One transformer layer; `layer_scalar` differs between the encoder and the decoder (separate buffers
     in the reference checkpoint), every weight is shared."""
+
+    encoder_scalar: Tensor
+    decoder_scalar: Tensor
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -186,7 +191,7 @@ class DiffusionModel(nn.Module):
                 p.normal_(0.0, std, generator=generator)
             else:
                 p.fill_(1.0)
-        for layer in self.layers:
+        for layer in self.blocks:
             layer.encoder_scalar.fill_(1.0)
             layer.decoder_scalar.fill_(1.0)
 
@@ -201,6 +206,10 @@ class DiffusionModel(nn.Module):
         from canvas.model.io import save_pretrained
 
         save_pretrained(self, path)
+
+    @property
+    def blocks(self) -> list[Block]:
+        return cast(list[Block], list(self.layers))
 
     @property
     def device(self) -> torch.device:
@@ -264,7 +273,7 @@ class DiffusionModel(nn.Module):
         tail_pos = torch.arange(start - n_tail, start + T, device=dev)
         sliding_mask = self._causal_mask(q_pos, tail_pos, cache.key_valid[:, start - n_tail : start + T],
                                          self.config.sliding_window)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             attn = layer.attn
             q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
             lkv = cache.layers[i]
@@ -349,7 +358,7 @@ class DiffusionModel(nn.Module):
                 masks[sliding] = None  # no padding: plain bidirectional attention over cache + canvas
             else:
                 masks[sliding] = torch.cat([kv_valid, canvas_valid], dim=1)[:, None, None, :]
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             attn = layer.attn
             q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
             ck, cv = cache.read(i)
