@@ -117,11 +117,19 @@ class Store:
     # -- writing ---------------------------------------------------------------------------------------------
 
     def save(
-        self, doc_id: str, v: int, state: dict[str, Any], ops: list[Any] | None = None, *, name: str | None = None
+        self,
+        doc_id: str,
+        v: int,
+        state: dict[str, Any],
+        ops: list[Any] | None = None,
+        *,
+        name: str | None = None,
+        chars: int | None = None,
     ) -> None:
         """Store `state` as version `v` of `doc_id` and, when `ops` is given, log them as the edit that made `v`.
 
-        Atomic and durable when it returns. `name` (for listings) is kept from the previous save when None.
+        Atomic and durable when it returns. `name` (for listings) is kept from the previous save when None;
+        `chars` (for listings) defaults to the length of `state["text"]` when the state has one.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
@@ -129,8 +137,9 @@ class Store:
             raise ValueError(f"version must be a non-negative int (got {v!r})")
         blob = _encode("state", state)
         ops_blob = None if ops is None else _encode("ops", ops)
-        text = state.get("text")
-        chars = len(text) if isinstance(text, str) else 0
+        if chars is None:
+            text = state.get("text")
+            chars = len(text) if isinstance(text, str) else 0
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")

@@ -217,7 +217,9 @@ class Hub:
         state = doc.to_dict()
         # If saving fails the request gets `internal` and nobody is told of the change; the next successful save
         # writes the whole state, this one included (only its edit-log entry is missing).
-        await asyncio.to_thread(self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name)
+        await asyncio.to_thread(
+            self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text)
+        )
         self.broadcast(live, exclude=session)
         return change
 
@@ -257,7 +259,10 @@ class Hub:
                 async with live.lock:
                     live.name = msg.name
                     state = live.doc.to_dict()
-                    await asyncio.to_thread(self.store.save, live.doc_id, live.doc.version, state, None, name=msg.name)
+                    await asyncio.to_thread(
+                        self.store.save, live.doc_id, live.doc.version, state, None, name=msg.name,
+                        chars=len(live.doc.text),
+                    )
             return self.state(live)
         text = msg.text or ""
         if len(text) > self.limits.max_doc_chars:
@@ -272,7 +277,9 @@ class Hub:
             )
         doc = Document(self.backend.tokenizer, text, config=self.backend.document_config(), doc_id=secrets.token_hex(8))
         live = LiveDoc(doc, msg.name or "", snapshot(doc), ChangeLog(doc.version))
-        await asyncio.to_thread(self.store.save, doc.doc_id, doc.version, doc.to_dict(), None, name=live.name)
+        await asyncio.to_thread(
+            self.store.save, doc.doc_id, doc.version, doc.to_dict(), None, name=live.name, chars=len(doc.text)
+        )
         self.docs[doc.doc_id] = live
         self._subscribe(session, live)
         return self.state(live)

@@ -200,6 +200,7 @@ def test_open_state_list_close(conn: Conn) -> None:
     assert empty["text"] == "" and [s["kind"] for s in empty["spans"]] == ["free"]  # all free: continue from nothing
     listing = conn.rpc({"type": "doc.list"})
     assert {d["doc_id"] for d in listing["docs"]} == {state["doc_id"], empty["doc_id"]}
+    assert {d["doc_id"]: d["chars"] for d in listing["docs"]} == {state["doc_id"]: len(TEXT), empty["doc_id"]: 0}
     assert conn.rpc({"type": "doc.close", "doc_id": state["doc_id"]})["type"] == "ack"
     missing = conn.rpc({"type": "doc.open", "doc_id": "nope"})
     assert (missing["code"], missing["retryable"]) == ("not_found", False)
