@@ -33,6 +33,10 @@ class CanvasEditor(TextArea):
         Binding("ctrl+z,super+z", "screen.undo", "Undo", show=False),
         Binding("ctrl+y,super+y", "screen.redo", "Redo", show=False),
         Binding("ctrl+u", "screen.unmark", "Unmask", show=False),
+        Binding("ctrl+home", "document_edge(False)", "Start of document", show=False),
+        Binding("ctrl+end", "document_edge(True)", "End of document", show=False),
+        Binding("ctrl+shift+home", "document_edge(False, True)", "Select to start of document", show=False),
+        Binding("ctrl+shift+end", "document_edge(True, True)", "Select to end of document", show=False),
     ]
 
     def __init__(self, text: str = "", **kwargs: object) -> None:
@@ -71,6 +75,9 @@ class CanvasEditor(TextArea):
         """The selection as document offsets (start <= end); empty at the cursor."""
         a, b = self.offset_of(self.selection.start), self.offset_of(self.selection.end)
         return (a, b) if a <= b else (b, a)
+
+    def action_document_edge(self, end: bool, select: bool = False) -> None:
+        self.move_cursor(self.doc.end if end else (0, 0), select=select)
 
     # -- marks -----------------------------------------------------------------------------------------------
 
