@@ -277,6 +277,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--prompt", type=int, default=64)
     m.add_argument("--runs", type=int, default=7)
     m.add_argument("--json", action="store_true")
+    m.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     m.add_argument("--gpu", action="store_true", help="26B-A4B text shapes, random bf16 weights, on CUDA")
     m.add_argument("--layers", type=int, default=4, help="with --gpu: layers to build (scaled to 30)")
     m.set_defaults(func=_run, which="model")
@@ -286,6 +287,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--steps", type=int, default=48)
     e.add_argument("--runs", type=int, default=5)
     e.add_argument("--json", action="store_true")
+    e.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     e.set_defaults(func=_run, which="engine")
     from canvas.server.loadbench import register as register_load
 
@@ -296,6 +298,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.which == "model" and args.gpu:
         from canvas.bench_gpu import bench_model_gpu
 
