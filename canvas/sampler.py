@@ -130,7 +130,7 @@ class StepStats:
 
 # Rows per fused call: bounds the temporaries of the reference implementation to (CHUNK, V) fp32 each, well
 # under one (B, L, V) tensor, whatever B is.
-_CHUNK_ROWS = 64
+_CHUNK_ROWS = 32
 
 
 def step_stats(processed: Tensor, noise: NoiseSource) -> StepStats:

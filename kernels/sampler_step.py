@@ -9,8 +9,9 @@ with u ~ U(0, 1) per logit (Gumbel-max draws exactly from softmax(scaled)). Ties
 no (N, V) probability, noise or scaled-logit tensor exists; vLLM's sampler holds several fp32 ones.
 
 Noise: pass `uniform` (N, V) to get identical samples from both paths (tests do). Otherwise `seed` drives the noise:
-the kernel uses Triton's Philox (`tl.rand(seed, row * V + col)`), the reference a `torch.Generator` seeded with
-`seed`; the two streams differ, so only their distributions agree. With neither, a seed is drawn from torch's
+the kernel uses Triton's Philox (`tl.rand(seed, row * V + col)`) for Gumbel-max, the reference a `torch.Generator`
+seeded with `seed` for inverse-CDF sampling (one uniform per row); the two streams differ, so only their
+distributions agree. With neither, a seed is drawn from torch's
 global CPU generator (reproducible under `torch.manual_seed`, no device sync).
 
 Dimension legend: N rows (canvas slots), V vocabulary.
@@ -91,7 +92,9 @@ def sampler_step_ref(
 ) -> SamplerStepOut:
     """Vectorised torch reference. logits (N, V) -> SamplerStepOut of three (N,) tensors.
 
-    Materialises several (N, V) fp32 tensors (scaled logits, log-probs, noise): the kernel's whole point is not to.
+    Materialises several (N, V) fp32 tensors (scaled logits, log-probs, probabilities and their running sum): the
+    kernel's whole point is not to. With `uniform` it samples by Gumbel-max exactly as the kernel does; with `seed`
+    by inverse CDF (one uniform per row), so seeded samples follow the same distribution through another stream.
     Bytes: read N*V*itemsize (+ 4*N*V for `uniform`), write 20*N. FLOPs: ~10*N*V plus N*V log/exp pairs.
     """
     n, v = _validate(logits, seed, uniform, softcap)
@@ -105,11 +108,16 @@ def sampler_step_ref(
     # p * log p with p == 0 (masked -inf logits) contributes 0, not 0 * -inf.
     entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
     if uniform is None:
+        # Seeded: inverse-CDF sampling with one uniform per row. It draws from the same softmax as Gumbel-max
+        # but needs N random numbers instead of N*V and no logarithms: on the CPU, where this reference is the
+        # production path, the Gumbel noise cost more than the rest of the step.
         gen = torch.Generator(device=logits.device).manual_seed(_fresh_seed() if seed is None else int(seed))
-        u = torch.rand(n, v, generator=gen, device=logits.device)
+        cdf = probs.cumsum(dim=-1)  # (N, V)
+        u = torch.rand(n, 1, generator=gen, device=logits.device) * cdf[:, -1:]  # (N, 1)
+        # First index whose cdf exceeds u: a zero-probability token never is (its cdf equals its predecessor's).
+        sample = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=v - 1)
     else:
-        u = uniform.float()
-    sample = torch.argmax(scaled - torch.log(-torch.log(u)), dim=-1)
+        sample = torch.argmax(scaled - torch.log(-torch.log(uniform.float())), dim=-1)
     return SamplerStepOut(sample, torch.argmax(scaled, dim=-1), entropy)
 
 
