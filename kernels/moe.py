@@ -94,7 +94,9 @@ def fused_moe_ref(
     *,
     ffn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = expert_ffn,
 ) -> torch.Tensor:
-    """Vectorised torch reference: sort (token, slot) pairs by expert, one pair of matmuls per expert that has tokens.
+    """Vectorised torch reference: sort (token, slot) pairs by expert, one pair of matmuls per expert that has tokens
+    (or, when routing is balanced enough that padding every expert to the longest run at most doubles the work,
+    two batched matmuls over all experts).
 
     Shapes: hidden_states (T, D); topk_weights (T, K) float; topk_ids (T, K) int in [0, E);
     w_gate_up (E, 2I, D); w_down (E, D, I) -> (T, D) in hidden_states.dtype.
@@ -113,14 +115,27 @@ def fused_moe_ref(
     if counts.numel() != e or bool((flat_ids < 0).any()):
         raise ValueError(f"topk_ids must lie in [0, E={e})")
     x_sorted = hidden_states[token_of]  # (P, D)
-    y_sorted = torch.empty_like(x_sorted)  # (P, D)
-    start = 0
-    for expert, n in enumerate(counts.tolist()):
-        if n == 0:
-            continue
-        rows = slice(start, start + n)
-        y_sorted[rows] = ffn(x_sorted[rows], w_gate_up[expert], w_down[expert])  # (n, D)
-        start += n
+    sizes = counts.tolist()
+    p, cap = flat_ids.numel(), max(sizes)
+    if ffn is expert_ffn and e * cap <= 2 * p:
+        # Balanced routing: pad every expert's run to the longest and run all experts as two batched GEMMs.
+        # At most twice the FLOPs of the exact grouping, a dozen ops instead of five per expert.
+        sorted_ids = flat_ids[order]  # (P,)
+        pos = torch.arange(p, device=flat_ids.device) - (torch.cumsum(counts, 0) - counts)[sorted_ids]  # (P,)
+        x_pad = x_sorted.new_zeros(e, cap, d)  # (E, C, D)
+        x_pad[sorted_ids, pos] = x_sorted
+        gate, up = torch.bmm(x_pad, w_gate_up.transpose(1, 2)).chunk(2, dim=-1)  # (E, C, I) each
+        y_pad = torch.bmm(F.gelu(gate, approximate="tanh") * up, w_down.transpose(1, 2))  # (E, C, D)
+        y_sorted = y_pad[sorted_ids, pos]  # (P, D)
+    else:
+        y_sorted = torch.empty_like(x_sorted)  # (P, D)
+        start = 0
+        for expert, n in enumerate(sizes):
+            if n == 0:
+                continue
+            rows = slice(start, start + n)
+            y_sorted[rows] = ffn(x_sorted[rows], w_gate_up[expert], w_down[expert])  # (n, D)
+            start += n
     weighted = y_sorted.float() * topk_weights.reshape(-1)[order].float().unsqueeze(-1)  # (P, D) fp32
     # Un-sort (a permutation: every pair lands in its own row), then sum each token's K slots. index_add_ over
     # the token ids would do the same, but on the CPU it is an order of magnitude slower at canvas sizes.
