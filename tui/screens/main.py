@@ -332,12 +332,23 @@ class MainScreen(FileScreen):
     # -- pins, masks, gaps -------------------------------------------------------------------------------------
 
     def _in_window(self, start: int, end: int, ops: list[EditOp]) -> list[EditOp]:
-        """Prepend a window move when `[start, end)` is outside the canvas window (to the start of its line)."""
+        """Prepend a window move when `[start, end)` is outside the canvas window."""
         st = self.sync.state
         if st is None or (st.window.start <= start and end <= st.window.end):
             return ops
-        line_start = self.editor.doc_text.rfind("\n", 0, start) + 1
-        return [MoveWindowOp(start=line_start), *ops]
+        return [MoveWindowOp(start=self._window_start_for(start)), *ops]
+
+    def _window_start_for(self, at: int) -> int:
+        """Where to start the window so that `at` is in it with some text before it: the start of its line when
+        that is near, else a word boundary about half a window before it (~2 characters a token, a safe guess)."""
+        text = self.editor.doc_text
+        line_start = text.rfind("\n", 0, at) + 1
+        welcome = self.dapp.client.welcome if self.dapp.client is not None else None
+        budget = welcome.model.canvas_length if welcome is not None else 64
+        if at - line_start <= budget:
+            return line_start
+        space = text.rfind(" ", at - budget, at)
+        return space + 1 if space >= 0 else at
 
     def _selection(self, what: str) -> tuple[int, int] | None:
         start, end = self.editor.selected_range
@@ -388,7 +399,7 @@ class MainScreen(FileScreen):
     def action_move_window(self) -> None:
         if self._connected():
             at = self.editor.selected_range[0]
-            self.apply_ops("Moving the window", [MoveWindowOp(start=self.editor.doc_text.rfind("\n", 0, at) + 1)])
+            self.apply_ops("Moving the window", [MoveWindowOp(start=self._window_start_for(at))])
 
     def action_undo(self) -> None:
         if self._connected():
