@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import time
@@ -35,7 +34,6 @@ from tui.screens.main import MainScreen
 from tui.screens.settings import SettingsScreen
 from tui.settings import Settings, load_settings, save_settings
 from tui.textfile import TextFile, TextFileError
-from tui.widgets.status_bar import RunInfo
 
 log = logging.getLogger("tui")
 RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # reconnect backoff, then every 8 s
@@ -176,7 +174,7 @@ class DcanvasApp(App[int]):
             if result is None:
                 return
             self.settings = result
-            self._main.run_info = _mode(self._main, result.mode)
+            self._main.set_run(mode=result.mode)
             self._main.update_status()
             try:
                 where = save_settings(result, self.settings_path)
@@ -201,10 +199,6 @@ class DcanvasApp(App[int]):
             await client.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
-
-
-def _mode(screen: MainScreen, mode: str) -> RunInfo:
-    return dataclasses.replace(screen.run_info, mode=mode)
 
 
 def _reason(e: BaseException) -> str:

@@ -108,7 +108,7 @@ async def test_cancel_mid_generation(tmp_path: Path, server_url: str) -> None:
 
 
 async def test_proposal_reject_regenerate_and_accept_part(tmp_path: Path, server_url: str) -> None:
-    app = make_app(tmp_path, TEXT, server=server_url)
+    app = make_app(tmp_path, TEXT, server=server_url, settings=settings_file(tmp_path, max_steps=3))
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.main
         await connected(pilot, app)

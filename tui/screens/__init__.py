@@ -1,1 +1,2 @@
-"""The editor's screens: `main` (editing, live view, proposals) and the modal `help`, `settings` and `prompt`."""
+"""The editor's screens: `main` (built on `base` < `files` < `generation`) and the modal `help`, `settings` and
+`prompt`."""

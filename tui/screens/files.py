@@ -8,37 +8,19 @@ loaded document means for the server (`document_replaced`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from textual import on, work
-from textual.screen import Screen
 
 from tui.messages import FileLoaded, FileSaved, Problem
+from tui.screens.base import EditorScreen
 from tui.screens.prompt import PromptScreen
 from tui.textfile import TextFile, TextFileError
 
-if TYPE_CHECKING:
-    from tui.app import DcanvasApp
-    from tui.widgets.editor import CanvasEditor
 
-
-class FileScreen(Screen[None]):
-    saved_text: str
-
-    @property
-    def dapp(self) -> DcanvasApp:
-        return self.app  # type: ignore[return-value]
-
-    @property
-    def editor(self) -> CanvasEditor:
-        raise NotImplementedError
-
+class FileScreen(EditorScreen):
     def document_replaced(self, file: TextFile, text: str) -> None:
+        """Hook: a file was opened (the subclass makes it the server document)."""
         raise NotImplementedError
-
-    @property
-    def dirty(self) -> bool:
-        return self.editor.doc_text != self.saved_text
 
     def action_open(self) -> None:
         note = "Unsaved changes here will be lost (Esc, then Ctrl+S to save)." if self.dirty else ""
