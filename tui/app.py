@@ -77,9 +77,8 @@ class DcanvasApp(App[int]):
             try:
                 self.textfile, text = TextFile.load(path)
                 self.start_problems += self.textfile.warnings
-            except TextFileError as e:
+            except TextFileError as e:  # start empty and untitled: saving must not overwrite what we could not read
                 self.start_problems.append(f"Cannot open {path}: {e}")
-                self.textfile = TextFile(Path(path))
         self.embedded = LocalServer(model) if server is None else None
         self.client: DcanvasClient | None = None
         self.connect = connect

@@ -14,6 +14,7 @@ from canvas.client import DcanvasClient
 from canvas.protocol import ReplaceOp
 from tests.tui.helpers import make_app, settings_file, wait_until
 from tests.tui.scenes import app_for, frame, generating
+from tui.app import DcanvasApp
 from tui.messages import GenFrame
 from tui.screens.prompt import PromptScreen
 from tui.screens.settings import SettingsScreen
@@ -149,3 +150,14 @@ async def test_frames_are_coalesced(tmp_path: Path) -> None:
         layouts = view.layouts - before
         assert layouts <= MAX_FPS * elapsed + 3, (layouts, elapsed)
         assert " w302" in view.last_live_text
+
+
+async def test_an_unreadable_file_is_never_overwritten(tmp_path: Path) -> None:
+    binary = tmp_path / "image.bin"
+    binary.write_bytes(b"\x89PNG\x00\x01\x02")
+    app = DcanvasApp(binary, settings_path=settings_file(tmp_path), connect=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.textfile.path is None and app.main.editor.doc_text == ""
+        await pilot.press("a", "ctrl+s")
+        await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen), "save as, not save")
+    assert binary.read_bytes() == b"\x89PNG\x00\x01\x02"
