@@ -9,7 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.tui.scenes import app_for, generating, opened, proposal_shown
+
+pytest.importorskip("pytest_textual_snapshot", reason="needs pytest-textual-snapshot (the test extra)")
 
 
 def test_idle(snap_compare: Any, tmp_path: Path) -> None:
