@@ -1,0 +1,88 @@
+"""Markdown for `dcanvas eval`: the tables of the model card and BENCHMARKS.md, from the eval's JSON result.
+
+`markdown(result)` renders the per-task table (diffusion and AR), the quality-speed sweep and the targets;
+`card_metrics(result)` is the flat `{metric: value}` the exporter's model card takes. Both read only the JSON that
+`canvas.training.evaluate.evaluate` returns, so a saved `--out` file can be rendered again later.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _f(value: float, digits: int = 2) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        f"## Evaluation of `{result['model']}`",
+        "",
+        f"Judge: {result['judge']}; judge perplexity of the produced text in its context (for infill: the fill "
+        f"plus the first {cfg['seam_tokens']} judge tokens after it), pooled over samples; ratio = model / the "
+        f"human text it replaces (1.0 is human-like). Validation split, seed {cfg['seed']}, canvas "
+        f"{result['canvas_length']} tokens, batch 1, context encoding included in s/canvas.",
+        "",
+        "| task | mode | steps / bound | n | judge ppl | human ppl | ratio | span-only ratio | tokens/forward "
+        "| s/canvas | steps | null slots | exact length | repeated 4-grams |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in result["results"]:
+        ar = p["mode"] == "ar"
+        settings = "greedy" if ar else f"{p['max_steps']} / {p['entropy_bound']:g}"
+        span_ratio = p["span_ppl"] / p["span_ppl_human"] if p["span_ppl_human"] else float("nan")
+        lines.append(
+            f"| {p['task']} | {p['mode']} | {settings} | {p['samples']} | {_f(p['judge_ppl'], 1)} | "
+            f"{_f(p['judge_ppl_human'], 1)} | {_f(p['ratio'])} | {_f(span_ratio)} | {_f(p['tokens_per_forward'])} | "
+            f"{_f(p['seconds_per_canvas'])} | {_f(p['steps_per_canvas'], 1)} | {_pct(p['null_share'])} | "
+            f"{_pct(p['exact_length'])} | {_pct(p['repeat_4gram'])} |"
+        )
+    lines += ["", f"Headline: infill ratio {_f(result['judge_ppl_ratio_infill'])}, continuation ratio "
+              f"{_f(result['judge_ppl_ratio_continuation'])}, {_f(result['tokens_per_forward'])} tokens/forward, "
+              f"{_f(result['seconds_per_canvas'])} s/canvas (diffusion continuation)."]  # fmt: skip
+    sweep = result.get("sweep")
+    if sweep:
+        ref, best = sweep["reference"], sweep["best_within_10pct"]
+        lines += [
+            "",
+            f"### Quality-speed sweep ({sweep['task']}, {sweep['samples']} samples)",
+            "",
+            "| max steps | entropy bound | judge ppl | ratio | vs reference | tokens/forward | s/canvas | steps |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p in sweep["points"]:
+            rel = p["judge_ppl"] / ref["judge_ppl"] if ref["judge_ppl"] else float("nan")
+            lines.append(
+                f"| {p['max_steps']} | {p['entropy_bound']:g} | {_f(p['judge_ppl'], 1)} | {_f(p['ratio'])} | "
+                f"{_f(rel)} | {_f(p['tokens_per_forward'])} | {_f(p['seconds_per_canvas'])} | "
+                f"{_f(p['steps_per_canvas'], 1)} |"
+            )
+        lines += ["", f"Reference: {ref['max_steps']} steps, bound {ref['entropy_bound']:g}. Fastest within 10% of "
+                  f"its judge perplexity: {best['max_steps']} steps, bound {best['entropy_bound']:g}, "
+                  f"{_f(best['tokens_per_forward'])} tokens/forward."]  # fmt: skip
+    lines += ["", "### Targets", "", "| target | measured | met |", "|---|---:|---|"]
+    for t in result["targets"]:
+        where = f" ({t['at']})" if "at" in t else ""
+        lines.append(f"| {t['target']} | {_f(t['measured'])}{where} | {'yes' if t['met'] else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def card_metrics(result: dict[str, Any]) -> dict[str, str]:
+    """Flat metric -> value (formatted) for the exporter's model card table."""
+    out: dict[str, str] = {k: _f(result[k]) for k in ("judge_ppl_ratio_infill", "judge_ppl_ratio_continuation",
+                                      "judge_ppl_ratio_infill_ar", "judge_ppl_ratio_continuation_ar",
+                                      "tokens_per_forward", "seconds_per_canvas") if k in result}  # fmt: skip
+    sweep = result.get("sweep")
+    if sweep:
+        best = sweep["best_within_10pct"]
+        out["tokens_per_forward_within_10pct"] = (
+            f"{_f(best['tokens_per_forward'])} (steps {best['max_steps']}, bound {best['entropy_bound']:g})"
+        )
+    out["judge"] = str(result["judge"])
+    return out
