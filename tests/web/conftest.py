@@ -103,10 +103,12 @@ def chromium_launch() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def web_server(tmp_path_factory: pytest.TempPathFactory, chromium_launch: dict[str, Any]) -> Iterator[ServeProcess]:
-    """A real server with a random-weight tiny model (canvas of 32 slots) and a fresh document store."""
+    """A real server with a random-weight tiny model (canvas of 32 slots), or the model directory named by
+    `$DCANVAS_WEB_MODEL` (e.g. the embedded default model), and a fresh document store."""
     from canvas.server.backend import write_tiny_checkpoint
 
-    model = write_tiny_checkpoint(tmp_path_factory.mktemp("web-model"))
+    chosen = os.environ.get("DCANVAS_WEB_MODEL")
+    model = Path(chosen) if chosen else write_tiny_checkpoint(tmp_path_factory.mktemp("web-model"))
     server = ServeProcess(model, tmp_path_factory.mktemp("web-serve"))
     yield server
     server.stop()
