@@ -285,14 +285,7 @@ class Engine:
             while len(self._contexts) > self._context_cache_size:
                 self._contexts.popitem(last=False)
         if private:
-            grown = self.model.new_cache(1, cache.length + self.L * req.n_canvases)
-            for src, dst in zip(cache.layers, grown.layers, strict=True):
-                n = src.k.shape[2]
-                dst.k[:, :, :n], dst.v[:, :, :n] = src.k, src.v
-            grown.key_valid[:, : cache.length] = cache.key_valid[:, : cache.length]
-            grown.length, grown.next_pos = cache.length, cache.next_pos.clone()
-            grown.row_length.fill_(cache.length)
-            cache = grown
+            cache = cache.grown(cache.length + self.L * req.n_canvases)
         return cache, last
 
     def _diffusion_step(self, rows: list[_Row]) -> None:

@@ -92,6 +92,22 @@ class KVCache:
             out._sliding_width = self._sliding_width
         return out
 
+    def grown(self, capacity: int) -> KVCache:
+        """A copy holding the same positions with room for `capacity` in all (for a private cache to encode into)."""
+        if self.ragged:
+            raise ValueError("a ragged (stacked) cache cannot grow; it is read-only")
+        if capacity < self.length:
+            raise ValueError(f"capacity {capacity} is below the {self.length} positions already cached")
+        ref = self.layers[0].k
+        out = KVCache.empty(self.config, self.batch_size, capacity, device=ref.device, dtype=ref.dtype)
+        for src, dst in zip(self.layers, out.layers, strict=True):
+            n = src.k.shape[2]  # sliding buffers hold at most window - 1 positions in both
+            dst.k[:, :, :n], dst.v[:, :, :n] = src.k, src.v
+        out.key_valid[:, : self.length] = self.key_valid[:, : self.length]
+        out.length, out.next_pos = self.length, self.next_pos.clone()
+        out.row_length.fill_(self.length)
+        return out
+
     def nbytes(self) -> int:
         return sum(lk.k.numel() * lk.k.element_size() * 2 for lk in self.layers)
 

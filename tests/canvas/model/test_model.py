@@ -61,3 +61,17 @@ def test_input_validation(model: DiffusionModel) -> None:
         model.encode(torch.ones(2, 1, dtype=torch.long), cache=stacked)
     with pytest.raises(ValueError, match="batch size"):
         model.denoise(torch.ones(2, model.config.canvas_length, dtype=torch.long), c1)
+
+
+def test_grown_cache_continues_like_the_original(model: DiffusionModel) -> None:
+    """Encoding more text into a grown copy gives what a big-enough cache gives, and leaves the original alone."""
+    ids = torch.randint(3, model.config.vocab_size, (1, model.config.sliding_window + 3))
+    more = torch.randint(3, model.config.vocab_size, (1, 5))
+    _, small = model.encode(ids, cache=model.new_cache(1, ids.shape[1]), logits="none")
+    grown = small.grown(ids.shape[1] + 5)
+    a, _ = model.encode(more, cache=grown)
+    b, _ = model.encode(more, cache=model.encode(ids, cache=model.new_cache(1, ids.shape[1] + 5), logits="none")[1])
+    torch.testing.assert_close(a, b)
+    assert small.length == ids.shape[1]
+    with pytest.raises(ValueError, match="below"):
+        small.grown(2)
