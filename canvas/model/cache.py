@@ -83,15 +83,6 @@ class KVCache:
         n = (self._sliding_width if self.ragged else self.sliding_len()) if kv.sliding else self.length
         return kv.k[:, :, :n], kv.v[:, :, :n]
 
-    def clone(self) -> KVCache:
-        layers = [LayerKV(lk.k.clone(), lk.v.clone(), lk.sliding) for lk in self.layers]
-        out = KVCache(self.config, layers, self.key_valid.clone(), self.length, self.next_pos.clone(), self.ragged)
-        out.row_length = self.row_length.clone()
-        if self.ragged:
-            out._sliding_valid = self._sliding_valid.clone()
-            out._sliding_width = self._sliding_width
-        return out
-
     def grown(self, capacity: int) -> KVCache:
         """A copy holding the same positions with room for `capacity` in all (for a private cache to encode into)."""
         if self.ragged:
@@ -107,9 +98,6 @@ class KVCache:
         out.length, out.next_pos = self.length, self.next_pos.clone()
         out.row_length.fill_(self.length)
         return out
-
-    def nbytes(self) -> int:
-        return sum(lk.k.numel() * lk.k.element_size() * 2 for lk in self.layers)
 
     @classmethod
     def stack(cls, caches: Sequence[KVCache]) -> KVCache:

@@ -241,11 +241,6 @@ class DiffusionModel(nn.Module):
         `attention_mask` (B, T) marks real tokens (left padding = False); positions are shared across the batch
         and count padding, as in the reference. Returns the AR logits ((B, T, V), (B, 1, V) or None) and the cache.
         """
-        return self.encode_with_grad(input_ids, attention_mask, cache, logits=logits)
-
-    def encode_with_grad(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                         cache: KVCache | None = None, *, logits: Literal["all", "last", "none"] = "all",
-                         return_hidden: bool = False) -> tuple[Tensor | None, KVCache]:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
@@ -282,23 +277,16 @@ class DiffusionModel(nn.Module):
                 vals = torch.cat([lkv.v[:, :, :n_tail], v], dim=2)
                 a = attn.attend(q, keys, vals, sliding_mask)
                 keep = min(keys.shape[2], lkv.k.shape[2])
-                lkv.k[:, :, :keep] = keys[:, :, -keep:].detach()
-                lkv.v[:, :, :keep] = vals[:, :, -keep:].detach()
+                lkv.k[:, :, :keep] = keys[:, :, -keep:]
+                lkv.v[:, :, :keep] = vals[:, :, -keep:]
             else:
-                lkv.k[:, :, start : start + T] = k.detach()
-                lkv.v[:, :, start : start + T] = v.detach()
-                if torch.is_grad_enabled():  # training: attend over the graph-connected keys
-                    keys = torch.cat([lkv.k[:, :, :start], k], dim=2)
-                    vals = torch.cat([lkv.v[:, :, :start], v], dim=2)
-                else:
-                    keys, vals = lkv.k[:, :, : start + T], lkv.v[:, :, : start + T]
-                a = attn.attend(q, keys, vals, full_mask)
+                lkv.k[:, :, start : start + T] = k
+                lkv.v[:, :, start : start + T] = v
+                a = attn.attend(q, lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask)
             x = layer(x, a, layer.encoder_scalar)
         cache.length = start + T
         cache.row_length.fill_(cache.length)
         cache.next_pos = torch.full((B,), cache.length, dtype=torch.long, device=dev)
-        if return_hidden:
-            return x, cache
         if logits == "none":
             return None, cache
         return self.logits(x if logits == "all" else x[:, -1:]), cache
@@ -315,6 +303,12 @@ class DiffusionModel(nn.Module):
         return mask[:, None]
 
     # ---- decoder ----------------------------------------------------------------------------------------------
+    def soft_embeddings(self, self_conditioning_logits: Tensor) -> Tensor:
+        """softmax(logits) @ embeddings * sqrt(M): (B, L, V) -> (B, L, M)."""
+        B, L, V = self_conditioning_logits.shape
+        soft = soft_embedding(self_conditioning_logits.reshape(B * L, V), self.embed, scale=self.config.embed_scale)
+        return soft.view(B, L, -1)
+
     @torch.no_grad()
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
                 *, soft_embeddings: Tensor | None = None, canvas_mask: Tensor | None = None) -> Tensor:
@@ -323,18 +317,6 @@ class DiffusionModel(nn.Module):
         Self-conditioning comes from the previous step's processed logits (B, L, V), or directly as their soft
         embeddings (B, L, M) when the caller computed them (the fused kernel path). `canvas_mask` (B, L) bool marks
         the slots in use: the others are hidden from every query (their own outputs are meaningless)."""
-        return self.denoise_with_grad(canvas_ids, cache, self_conditioning_logits, soft_embeddings=soft_embeddings,
-                                      canvas_mask=canvas_mask)
-
-    def soft_embeddings(self, self_conditioning_logits: Tensor) -> Tensor:
-        """softmax(logits) @ embeddings * sqrt(M): (B, L, V) -> (B, L, M)."""
-        B, L, V = self_conditioning_logits.shape
-        soft = soft_embedding(self_conditioning_logits.reshape(B * L, V), self.embed, scale=self.config.embed_scale)
-        return soft.view(B, L, -1)
-
-    def denoise_with_grad(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
-                          *, soft_embeddings: Tensor | None = None, sc_row_mask: Tensor | None = None,
-                          canvas_mask: Tensor | None = None, return_hidden: bool = False) -> Tensor:
         if canvas_ids.dim() != 2:
             raise ValueError(f"canvas_ids must be (batch, canvas_length), got shape {tuple(canvas_ids.shape)}")
         B, L = canvas_ids.shape
@@ -342,8 +324,6 @@ class DiffusionModel(nn.Module):
             raise ValueError(f"cache batch size {cache.batch_size} != canvas batch size {B}")
         if self_conditioning_logits is not None and soft_embeddings is None:
             soft_embeddings = self.soft_embeddings(self_conditioning_logits)
-        if soft_embeddings is not None and sc_row_mask is not None:
-            soft_embeddings = soft_embeddings * sc_row_mask.to(soft_embeddings.dtype)[:, None, None]
         x = self.self_conditioning(self.embed_tokens(canvas_ids), soft_embeddings)  # (B, L, M)
         dev = canvas_ids.device
         positions = cache.next_pos[:, None] + torch.arange(L, device=dev)  # (B, L)
@@ -366,6 +346,4 @@ class DiffusionModel(nn.Module):
                 k, v = torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)
             a = attn.attend(q, k, v, masks[cache.layers[i].sliding])
             x = layer(x, a, layer.decoder_scalar)
-        if return_hidden:
-            return x
         return self.logits(x)
