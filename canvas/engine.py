@@ -5,7 +5,8 @@ the canvas slots with their pins, the sampler settings — so the engine knows n
 Each `step()` admits waiting requests, runs ONE batched decoder forward over every diffusion row (their caches
 stacked, right-padded and masked, each row at its own step of its own temperature schedule), then samples,
 accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
-batched with. AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
+batched with. `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close.
+AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
 honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
 context is unchanged.
 
@@ -31,6 +32,7 @@ from canvas.model import DiffusionModel, KVCache
 from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats
 
 Status = Literal["completed", "cancelled", "failed"]
+_BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 probability
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,13 @@ class _Row:
     @property
     def free(self) -> Tensor:
         return ~self.pinned & self.valid
+
+    @property
+    def trailing_free(self) -> Tensor:
+        """(L,) bool: free slots after the last pinned one. A `<null>` (a gap's unused slot) has no meaning there:
+        no pinned text follows to close a gap, and training puts nulls only inside gaps, never in a continuation."""
+        after_last_pin = torch.cumsum(self.pinned.flip(0).long(), 0).flip(0) == 0  # no pin at or after the slot
+        return self.free & after_last_pin
 
 
 class Engine:
@@ -309,6 +318,11 @@ class Engine:
         logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask)  # (B, L, V)
         temps = torch.stack([r.cfg.temperature(r.remaining) for r in rows]).to(model.device)
         processed = logits.div_(temps[:, None, None])
+        null_id = model.config.null_token_id
+        if null_id is not None:
+            # Finite, not -inf: the entropy terms stay 0 * -1e4 = 0 instead of 0 * -inf = nan.
+            banned = torch.stack([r.trailing_free for r in rows])  # (B, L)
+            processed[..., null_id].masked_fill_(banned, _BANNED_LOGIT)
         new_soft = model.soft_embeddings(processed)  # (B, L, M): next step's self-conditioning
         self.forward_s += time.perf_counter() - t0
         for b, row in enumerate(rows):

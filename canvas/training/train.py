@@ -88,6 +88,9 @@ class TrainConfig:
     eval_batches: int = 4
     checkpoint_minutes: float = 5.0
     init_std: float = 0.02
+    # A warm start (`--init DIR`) continues an exported model's step count; its warmup restarts at that step
+    # (fresh optimizer moments must not meet the full learning rate at once).
+    rewarm_from: int = 0
     corruption: CorruptionConfig = field(default_factory=CorruptionConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
@@ -114,8 +117,8 @@ class TrainConfig:
         return cls(**raw, corruption=corruption, objective=objective)
 
     def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
+        if step < self.rewarm_from + self.warmup_steps:
+            return self.lr * (step - self.rewarm_from + 1) / self.warmup_steps
         decay_start = int(self.max_steps * (1 - self.decay_frac))
         if step < decay_start:
             return self.lr
@@ -166,6 +169,34 @@ class Trainer:
         )
         self.state = RunState()
         self.null_id = special["null"]
+
+    def warm_start(self, model_dir: Path) -> None:
+        """Start a new run from an exported model (weights, and its loss curve so steps and tokens continue).
+
+        The model shape and tokenizer must match this run's; the optimizer starts fresh (its warmup restarts at the
+        exported step, `TrainConfig.rewarm_from`)."""
+        source = DiffusionModel.from_pretrained(str(model_dir), device=self.device)
+        theirs, ours = source.config.to_hf_dict(), self.model_config.to_hf_dict()
+        theirs.pop("name", None), ours.pop("name", None)
+        if theirs != ours:
+            diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+            raise ValueError(f"{model_dir} is another model shape or tokenizer than this run (differs in {diff})")
+        self.model.load_state_dict(source.state_dict())
+        curve = model_dir / "loss_curve.csv"
+        if curve.exists():
+            with curve.open(encoding="utf-8") as fh:
+                rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(fh)]
+            for row in rows:
+                row["step"] = int(row["step"])
+            if rows:
+                last = rows[-1]
+                self.state = RunState(
+                    step=int(last["step"]),
+                    tokens_seen=int(last["tokens"]),
+                    canvas_tokens=int(last["step"]) * self.cfg.batch_size * self.model_config.canvas_length,
+                    wall_seconds=float(last["wall_s"]),
+                    history=rows,
+                )
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     @property
@@ -361,6 +392,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-at-step", type=int, default=None, help="stop this invocation at step N")
     # One thread by default: on the shared 2-core machine, two torch threads next to other busy processes ran
     # a training step ~10x slower than one thread (the threads wait on each other at every op).
+    parser.add_argument("--init", type=Path, default=None,
+                        help="a new run starts from this exported model (weights, step and loss curve)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit")
@@ -392,6 +425,15 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     resumed = trainer.load()
+    if args.init is not None and not resumed:
+        try:
+            trainer.warm_start(args.init)
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            console.print(f"[red]error:[/red] --init: {exc}")
+            return 2
+        cfg = trainer.cfg = dataclasses.replace(cfg, rewarm_from=trainer.state.step)
+        state = trainer.state
+        console.print(f"warm start from {args.init} at step {state.step} ({state.tokens_seen:,} tokens)")
     if args.bench:
         n = sum(p.numel() for p in trainer.model.parameters())
         console.print(f"{cfg.model}: {n / 1e6:.2f}M parameters; decoder step {measure_decoder_ms(trainer.model)}")

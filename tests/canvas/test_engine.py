@@ -184,3 +184,31 @@ def test_unused_slots_are_hidden_and_never_generated(model: DiffusionModel) -> N
     la = model.denoise(a, cache, canvas_mask=mask)
     lb = model.denoise(b, cache, canvas_mask=mask)
     torch.testing.assert_close(la[:, :10], lb[:, :10])
+
+
+def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
+    """A model that loves <null>: it may fill a gap closed by pinned text, never the free slots after the last pin."""
+    import dataclasses
+
+    null = 3
+    nully = DiffusionModel(dataclasses.replace(model.config, null_token_id=null)).eval()
+    nully.load_state_dict(model.state_dict())
+    original = nully.denoise
+
+    def biased(*a, **k):
+        logits = original(*a, **k)
+        logits[..., null] += 40.0
+        return logits
+
+    monkeypatch.setattr(nully, "denoise", biased)
+    L = model.config.canvas_length
+    gap = (True,) * 4 + (False,) * 8 + (True,) * 4 + (False,) * (L - 16)  # a closed gap, then a free tail
+    slots = tuple(range(10, 10 + L))
+    reqs = [
+        GenRequest((2, 9, 4), (), (), SamplerConfig(max_steps=3, seed=1)),  # a continuation
+        GenRequest((2, 9, 4), slots, gap, SamplerConfig(max_steps=3, seed=1)),
+    ]
+    (cont, infill), _ = run(Engine(nully), reqs)
+    assert null not in cont.canvases[0]
+    assert infill.canvases[0][4:12] == (null,) * 8
+    assert null not in infill.canvases[0][16:]

@@ -117,6 +117,42 @@ def test_cli_trains_resumes_and_exports(tiny_data: dict[str, Path], tmp_path: Pa
     assert "3 of a" in (out / "README.md").read_text()
 
 
+def test_warm_start_continues_an_exported_model(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    common = ["--model", "tiny", "--tokens-dir", str(tiny_data["tokens"]), "--tokenizer-dir",
+              str(tiny_data["tokenizer"]), "--corpus-dir", str(tiny_data["corpus"]), "--batch-size", "2"]  # fmt: skip
+    out = tmp_path / "exported"
+    assert main(["train", "--run", str(tmp_path / "a"), *common, "--stop-at-step", "3", "--log-every", "1",
+                 "--export", str(out)]) == 0  # fmt: skip
+    exported = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
+    warm = Trainer(tmp_path / "b", _config(tiny_data))
+    warm.warm_start(out)
+    assert warm.state.step == 3 and len(warm.state.history) == 3
+    assert warm.state.tokens_seen == exported_tokens(tmp_path / "a")
+    for name, tensor in warm.model.state_dict().items():
+        torch.testing.assert_close(tensor, exported[name], rtol=0, atol=0)
+    # Through the CLI: the run continues at step 3 with its warmup restarted there.
+    assert main(["train", "--run", str(tmp_path / "b"), *common, "--init", str(out), "--stop-at-step", "5",
+                 "--log-every", "1", "--warmup-steps", "4"]) == 0  # fmt: skip
+    saved = json.loads((tmp_path / "b" / "train_config.json").read_text())
+    assert saved["rewarm_from"] == 3
+    rows = json.loads((tmp_path / "b" / "loss.json").read_text())
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[3]["lr"] == pytest.approx(TrainConfig().lr / 4)  # first step after the warm start
+
+
+def exported_tokens(run: Path) -> int:
+    return int(json.loads((run / "loss.json").read_text())[-1]["tokens"])
+
+
+def test_warm_start_refuses_another_shape(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    trainer = Trainer(tmp_path / "run", _config(tiny_data))
+    trainer.model_config = trainer.model_config.replace(hidden_size=32)
+    with pytest.raises(ValueError, match="another model shape"):
+        trainer.warm_start(Path("canvas/assets/default-model"))
+    with pytest.raises(ValueError, match="not a directory"):
+        trainer.warm_start(tmp_path / "missing")
+
+
 def test_cli_bad_input(tiny_data: dict[str, Path], tmp_path: Path) -> None:
     assert main(["train", "--run", str(tmp_path / "r"), "--tokens-dir", str(tmp_path / "missing")]) == 2
     assert main(["train", "--run", str(tmp_path / "r"), "--tokens-dir", str(tiny_data["tokens"]), "--lr", "-1"]) == 2
