@@ -11,6 +11,7 @@ Human-readable by default, with a live view of the draft on a terminal; `--json`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -23,10 +24,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--mode", choices=("diffusion", "ar"), default="diffusion")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: one canvas")
-    parser.add_argument("--max-steps", type=int, default=48)
-    parser.add_argument("--entropy-bound", type=float, default=0.1)
-    parser.add_argument("--t-max", type=float, default=0.8)
-    parser.add_argument("--t-min", type=float, default=0.4)
+    model_default = "default: the model's generation_config.json"
+    parser.add_argument("--max-steps", type=int, default=None, help=model_default)
+    parser.add_argument("--entropy-bound", type=float, default=None, help=model_default)
+    parser.add_argument("--t-max", type=float, default=None, help=model_default)
+    parser.add_argument("--t-min", type=float, default=None, help=model_default)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
@@ -44,7 +46,7 @@ def load(model_dir: Path) -> tuple[Any, Any, dict[str, int]]:
 
 def run(args: argparse.Namespace) -> int:
     from canvas.engine import Engine, Frame, GenRequest
-    from canvas.sampler import SamplerConfig
+    from canvas.sampler import load_sampler_defaults
     from canvas.server.backend import default_model_dir
 
     model_dir = args.model or default_model_dir()
@@ -52,8 +54,10 @@ def run(args: argparse.Namespace) -> int:
         print("error: no --model given and no embedded default model is installed", file=sys.stderr)
         return 2
     try:
-        config = SamplerConfig(max_steps=args.max_steps, entropy_bound=args.entropy_bound, t_max=args.t_max,
-                               t_min=args.t_min, seed=args.seed, mode=args.mode)
+        given = {"max_steps": args.max_steps, "entropy_bound": args.entropy_bound, "t_max": args.t_max,
+                 "t_min": args.t_min}
+        config = dataclasses.replace(load_sampler_defaults(model_dir), seed=args.seed, mode=args.mode,
+                                     **{k: v for k, v in given.items() if v is not None})
         model, tok, ids = load(model_dir)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

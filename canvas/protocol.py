@@ -282,21 +282,31 @@ EDIT_OP: TypeAdapter[EditOp] = TypeAdapter(EditOp)
 
 
 class GenParams(_Model):
-    """Sampler parameters of one generation. Defaults are the reference DiffusionGemma generation defaults."""
+    """Sampler parameters of one generation. A sampler field left out (None) takes the model's default (its
+    `generation_config.json`, announced in `welcome.model.defaults`); `gen.accepted` echoes the resolved values."""
 
     mode: Mode = "diffusion"
-    max_steps: Annotated[int, Field(ge=1, le=256)] = 48
-    entropy_bound: Annotated[float, Field(gt=0, le=1e6)] = 0.1
-    t_max: Annotated[float, Field(ge=0, le=100)] = 0.8
-    t_min: Annotated[float, Field(gt=0, le=100)] = 0.4  # > 0: the last step divides the logits by it
+    max_steps: Annotated[int, Field(ge=1, le=256)] | None = None
+    entropy_bound: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    t_max: Annotated[float, Field(ge=0, le=100)] | None = None
+    t_min: Annotated[float, Field(gt=0, le=100)] | None = None  # > 0: the last step divides the logits by it
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None  # None: the server picks one
     stream_every: Annotated[int, Field(ge=1, le=256)] = 1  # send a progress frame every this many steps
 
     @model_validator(mode="after")
     def _temperatures(self) -> GenParams:
-        if self.t_max < self.t_min:
+        if self.t_max is not None and self.t_min is not None and self.t_max < self.t_min:
             raise ValueError(f"t_max ({self.t_max}) must be >= t_min ({self.t_min})")
         return self
+
+
+class GenDefaults(_Model):
+    """The model's sampler defaults: what a `gen.start` gets for the GenParams fields it leaves out."""
+
+    max_steps: int
+    entropy_bound: float
+    t_max: float
+    t_min: float
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -443,6 +453,10 @@ class ModelInfo(_Model):
     name: str
     canvas_length: Annotated[int, Field(ge=1)]
     modes: list[Mode]
+    # A server that predates model defaults sends none: it used the reference defaults.
+    defaults: GenDefaults = Field(
+        default_factory=lambda: GenDefaults(max_steps=48, entropy_bound=0.1, t_max=0.8, t_min=0.4)
+    )
 
 
 class Limits(_Model):

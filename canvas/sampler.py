@@ -19,8 +19,11 @@ never builds a probability tensor. Legend: B rows, L canvas slots, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -58,11 +61,65 @@ class SamplerConfig:
         if self.ar_temperature < 0:
             raise ValueError(f"ar_temperature must be >= 0, got {self.ar_temperature}")
 
+    # ---- generation_config.json: a model's own sampler defaults (the file transformers' `generate` reads) ----------
+    def to_generation_config(self) -> dict[str, Any]:
+        """The sampler fields in the transformers `generation_config.json` layout of DiffusionGemma."""
+        return {
+            "max_denoising_steps": self.max_steps,
+            "t_min": self.t_min,
+            "t_max": self.t_max,
+            "stability_threshold": self.stability_threshold,
+            "confidence_threshold": self.confidence_threshold,
+            "sampler_config": {"entropy_bound": self.entropy_bound, "_cls_name": "EntropyBoundSamplerConfig"},
+        }
+
+    @classmethod
+    def from_generation_config(cls, raw: dict[str, Any]) -> SamplerConfig:
+        """Defaults from a `generation_config.json` dict; absent keys keep the reference defaults."""
+        fields: dict[str, Any] = {}
+        for ours, theirs in _GENERATION_KEYS.items():
+            if theirs in raw:
+                fields[ours] = raw[theirs]
+        sampler = raw.get("sampler_config")
+        if isinstance(sampler, dict) and "entropy_bound" in sampler:
+            fields["entropy_bound"] = sampler["entropy_bound"]
+        for name, value in fields.items():
+            kind = int if name in ("max_steps", "stability_threshold") else float
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+                raise ValueError(f"{_GENERATION_KEYS.get(name, name)} must be a number, got {value!r}")
+            fields[name] = kind(value)
+        return dataclasses.replace(cls(), **fields)
+
     def temperature(self, remaining: int) -> Tensor:
         """Temperature when `remaining` steps are left (the reference counts down from max_steps to 1), as a 0-dim
         fp32 tensor computed the way the reference computes it, so that dividing by it rounds identically."""
         step = torch.tensor(remaining, dtype=torch.int32)
         return self.t_min + (self.t_max - self.t_min) * (step / self.max_steps)
+
+
+_GENERATION_KEYS = {
+    "max_steps": "max_denoising_steps",
+    "t_min": "t_min",
+    "t_max": "t_max",
+    "stability_threshold": "stability_threshold",
+    "confidence_threshold": "confidence_threshold",
+}
+
+
+def load_sampler_defaults(model_dir: str | Path) -> SamplerConfig:
+    """A model directory's sampler defaults from its `generation_config.json` (the reference defaults without one).
+
+    Raises ValueError naming the file when it is unreadable JSON or holds values the sampler rejects."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return SamplerConfig()
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        return SamplerConfig.from_generation_config(raw)
+    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: {exc}") from None
 
 
 # ---- noise --------------------------------------------------------------------------------------------------------

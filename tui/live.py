@@ -55,7 +55,7 @@ class LiveCanvas:
 
     state: DocState
     gen: str
-    max_steps: int
+    max_steps: int | None  # the resolved params echo it; every frame carries it again
     slots: dict[int, SlotDraft] = field(default_factory=dict)
     step: int = 0
     seq: int = 0

@@ -3,7 +3,8 @@
 The file is `$XDG_CONFIG_HOME/dcanvas/tui.json` (`~/.config/dcanvas/tui.json` when the variable is unset). It is
 untrusted input, so it is parsed with pydantic: unknown keys are dropped, a bad value makes `load_settings` fall
 back to the defaults and report why (the editor shows it; it never fails to start over its settings). The
-generation fields mirror `canvas.protocol.GenParams` with the same bounds and defaults.
+generation fields mirror `canvas.protocol.GenParams` with the same bounds and defaults (a sampler field left empty
+takes the model's own default, which the server fills in and echoes).
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ class Settings(BaseModel):
 
     mode: Literal["diffusion", "ar"] = "diffusion"
     """Block diffusion, or left-to-right next-token decoding (to compare)."""
-    max_steps: Annotated[int, Field(ge=1, le=256)] = 48
-    """Most denoising steps of one generation."""
-    entropy_bound: Annotated[float, Field(gt=0, le=1e6)] = 0.1
-    """Entropy budget per step: higher accepts more tokens per step (faster, less careful)."""
-    t_max: Annotated[float, Field(ge=0, le=100)] = 0.8
-    """Temperature at the first step."""
-    t_min: Annotated[float, Field(gt=0, le=100)] = 0.4
-    """Temperature at the last step."""
+    max_steps: Annotated[int, Field(ge=1, le=256)] | None = None
+    """Most denoising steps of one generation (None: the model's default)."""
+    entropy_bound: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    """Entropy budget per step: higher accepts more tokens per step (faster, less careful). None: the model's."""
+    t_max: Annotated[float, Field(ge=0, le=100)] | None = None
+    """Temperature at the first step (None: the model's default)."""
+    t_min: Annotated[float, Field(gt=0, le=100)] | None = None
+    """Temperature at the last step (None: the model's default)."""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
     """Fixed seed for reproducible runs; None lets the server pick (regenerate always picks a new one)."""
     gap_tokens: Annotated[int, Field(ge=1, le=256)] = 16
@@ -41,7 +42,7 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _temperatures(self) -> Settings:
-        if self.t_max < self.t_min:
+        if self.t_max is not None and self.t_min is not None and self.t_max < self.t_min:
             raise ValueError(f"t_max ({self.t_max}) must be >= t_min ({self.t_min})")
         return self
 

@@ -76,6 +76,7 @@ class App {
     $("model-info").textContent = `${m.name} · canvas ${m.canvas_length} tokens · ${welcome.server.name} ${welcome.server.version}`;
     $("gap-tokens").max = String(welcome.limits.max_gap_tokens);
     this.gen.setModes(m.modes);
+    this.gen.setDefaults(m.defaults);
     this.refreshList();
     const wanted = this.doc ? this.doc.doc_id : docFromHash();
     if (!wanted || !(await this.open(wanted))) this.showNewForm(true);

@@ -55,6 +55,13 @@ export class Generator {
     if (!both) $("compare").checked = false;
   }
 
+  /** Show the model's sampler defaults (`welcome.model.defaults`) as placeholders: a blank field takes them. */
+  setDefaults(defaults) {
+    for (const field of [GEN_PARAM.MAX_STEPS, GEN_PARAM.ENTROPY_BOUND, GEN_PARAM.T_MAX, GEN_PARAM.T_MIN]) {
+      if (defaults && defaults[field] !== undefined) $(`param-${field}`).placeholder = `${defaults[field]} (model)`;
+    }
+  }
+
   /** The parameters in the form; a blank seed becomes a random one, so a side-by-side pair shares it. */
   readParams() {
     const params = {};

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from canvas.model.config import ModelConfig
 from canvas.model.model import DiffusionModel
+from canvas.sampler import SamplerConfig
 
 
 class WeightsError(ValueError):
@@ -182,8 +183,10 @@ def _fill(cfg: ModelConfig, src: _TensorSource, device: torch.device | str, dtyp
     return model.eval()
 
 
-def save_pretrained(model: DiffusionModel, path: str | Path) -> None:
-    """Write config.json, generation_config.json and model.safetensors in the transformers layout."""
+def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: SamplerConfig | None = None) -> None:
+    """Write config.json, generation_config.json and model.safetensors in the transformers layout.
+
+    `sampler` is the model's own sampler defaults for generation_config.json (the reference defaults if None)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
@@ -229,9 +232,7 @@ def save_pretrained(model: DiffusionModel, path: str | Path) -> None:
     save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
     gen = {
-        "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8, "stability_threshold": 1,
-        "confidence_threshold": 0.005,
-        "sampler_config": {"entropy_bound": 0.1, "_cls_name": "EntropyBoundSamplerConfig"},
+        **(sampler or SamplerConfig()).to_generation_config(),
         "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
         "eos_token_id": list(cfg.eos_token_ids),
     }

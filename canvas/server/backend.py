@@ -5,8 +5,10 @@ Owns `Backend` (one per server: one engine, shared by every session) and its loa
 (`tokenizer.json`, ...). `write_tiny_checkpoint` makes a small random-weight directory of that layout, so tests,
 the TUI's and the web page's tests can run a real server (model, engine, sampler) on a CPU in seconds.
 
-The BOS token (when the tokenizer has one) is prepended to every context, as the tokenizer itself does when it
-encodes a prompt; `<null>` (when present) lets an infill come out shorter than its gap; EOS ends a region.
+The model's sampler defaults come from its `generation_config.json` (as transformers' `generate` reads them);
+a request's explicit parameters override them. The BOS token (when the tokenizer has one) is prepended to every
+context, as the tokenizer itself does when it encodes a prompt; `<null>` (when present) lets an infill come out
+shorter than its gap; EOS ends a region.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from canvas.document import DocumentConfig, HFTokenizer
 from canvas.engine import Engine
+from canvas.sampler import SamplerConfig, load_sampler_defaults
 
 # A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
 _TINY_TEXT = """\
@@ -38,6 +41,7 @@ class Backend:
     eos_id: int | None
     null_id: int | None
     modes: tuple[str, ...] = ("diffusion", "ar")
+    sampler_defaults: SamplerConfig = field(default_factory=SamplerConfig)  # the model's generation_config.json
     _decoded: dict[int, str] = field(default_factory=dict, repr=False)
 
     def token_text(self, token: int) -> str:
@@ -77,6 +81,7 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8) -> Backend:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
     model = load_pretrained(path)
+    sampler_defaults = load_sampler_defaults(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     null_id = _special_id(tok, "null_token_id", "<null>")
     if null_id is None:
@@ -92,6 +97,7 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8) -> Backend:
         bos_id=_special_id(tok, "bos_token_id"),
         eos_id=eos_id,
         null_id=null_id,
+        sampler_defaults=sampler_defaults,
     )
 
 

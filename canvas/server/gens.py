@@ -14,6 +14,7 @@ at the run's base version, so the proposal is read back against the canvas the e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import secrets
@@ -45,6 +46,23 @@ if TYPE_CHECKING:
     from canvas.server.hub import Hub
 
 log = logging.getLogger("canvas.server")
+
+
+def resolve_params(p: GenParams, defaults: SamplerConfig) -> tuple[GenParams, SamplerConfig]:
+    """Fill what the client left out (the model's defaults, a fresh seed); the params echo the resolved values."""
+    d = defaults
+    filled = {"max_steps": d.max_steps, "entropy_bound": d.entropy_bound, "t_max": d.t_max, "t_min": d.t_min}
+    update: dict[str, object] = {k: v for k, v in filled.items() if getattr(p, k) is None}
+    if p.seed is None:
+        update["seed"] = secrets.randbits(63)
+    params = p.model_copy(update=update) if update else p
+    assert params.max_steps is not None and params.entropy_bound is not None
+    assert params.t_max is not None and params.t_min is not None
+    if params.t_max < params.t_min:  # one given, the other a default
+        raise ProtocolError(ErrorCode.INVALID_PARAMS, f"t_max ({params.t_max}) must be >= t_min ({params.t_min})")
+    config = dataclasses.replace(d, max_steps=params.max_steps, entropy_bound=params.entropy_bound,
+                                 t_max=params.t_max, t_min=params.t_min, seed=params.seed, mode=params.mode)
+    return params, config
 
 
 @dataclass(eq=False)
@@ -105,17 +123,7 @@ class Generations:
                 )
             if live.run is not None:
                 live.run.stop("superseded")
-            p = msg.params
-            params = p if p.seed is not None else p.model_copy(update={"seed": secrets.randbits(63)})
-            assert params.seed is not None
-            config = SamplerConfig(
-                max_steps=params.max_steps,
-                entropy_bound=params.entropy_bound,
-                t_max=params.t_max,
-                t_min=params.t_min,
-                seed=params.seed,
-                mode=params.mode,
-            )
+            params, config = resolve_params(msg.params, hub.backend.sampler_defaults)
             region = (min(r.char_start for r in view.free_regions), max(r.char_end for r in view.free_regions))
             run = Run("g-" + secrets.token_hex(6), session, live, msg.id, params, doc.version, region, view.pinned)
             request = GenRequest(

@@ -37,6 +37,7 @@ from canvas.protocol import (
     DocSummary,
     EditOp,
     ErrorCode,
+    GenDefaults,
     Hello,
     HistoryRedo,
     HistoryUndo,
@@ -244,10 +245,15 @@ class Hub:
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
         session.hello = True
         b = self.backend
+        d = b.sampler_defaults
         return Welcome(
             session=session.id,
             server=ServerInfo(name="dcanvas", version=__version__),
-            model=ModelInfo(name=b.name, canvas_length=b.canvas_length, modes=list(b.modes)),  # type: ignore[arg-type]
+            model=ModelInfo(
+                name=b.name, canvas_length=b.canvas_length, modes=list(b.modes),  # type: ignore[arg-type]
+                defaults=GenDefaults(max_steps=d.max_steps, entropy_bound=d.entropy_bound, t_max=d.t_max,
+                                     t_min=d.t_min),
+            ),
             limits=self.limits.to_wire(),
         )
 

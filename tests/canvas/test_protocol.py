@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from canvas import protocol as p
 from canvas.protocol import ErrorCode, ProtocolError, ServerLimits
@@ -104,11 +105,14 @@ def test_unknown_fields_are_ignored() -> None:
     assert msg == p.Ping(id=1)
 
 
-def test_gen_params_defaults_are_the_reference_defaults() -> None:
+def test_gen_params_left_out_are_none_for_the_server_to_fill() -> None:
     msg = p.parse_client_message(_frame(type="gen.start", doc_id="d", base_v=0))
     assert isinstance(msg, p.GenStart)
-    assert msg.params == p.GenParams(mode="diffusion", max_steps=48, entropy_bound=0.1, t_max=0.8, t_min=0.4)
-    assert msg.params.seed is None and msg.params.stream_every == 1
+    assert msg.params == p.GenParams(mode="diffusion")
+    sampler = (msg.params.max_steps, msg.params.entropy_bound, msg.params.t_max, msg.params.t_min, msg.params.seed)
+    assert sampler == (None,) * 5 and msg.params.stream_every == 1
+    with pytest.raises(ValidationError, match="t_max"):  # both given: checked at the wire
+        p.GenParams(t_max=0.2, t_min=0.3)
 
 
 # -- bad frames: codes, messages, re ---------------------------------------------------------------------------

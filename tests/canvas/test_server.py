@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from canvas.protocol import ServerLimits
+from canvas.sampler import SamplerConfig
 from canvas.server.app import create_app
 from canvas.server.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.server.config import ServerConfig
@@ -130,7 +131,9 @@ def test_hello_welcome_and_handshake_rules(serve: Factory, backend: Backend) -> 
         assert (early["type"], early["code"]) == ("error", "unauthorized")
         welcome = c.rpc({"type": "hello", "protocol": "dcanvas/1", "client": {"name": "pytest"}})
         assert welcome["protocol"] == "dcanvas/1" and welcome["session"].startswith("s-")
-        assert welcome["model"] == {"name": backend.name, "canvas_length": 32, "modes": ["diffusion", "ar"]}
+        defaults = {"max_steps": 48, "entropy_bound": 0.1, "t_max": 0.8, "t_min": 0.4}
+        assert welcome["model"] == {"name": backend.name, "canvas_length": 32, "modes": ["diffusion", "ar"],
+                                    "defaults": defaults}  # fmt: skip
         assert welcome["limits"] == dataclasses.asdict(ServerLimits())
         assert c.rpc({"type": "hello", "protocol": "dcanvas/1"})["code"] == "conflict"
         assert c.rpc({"type": "ping"})["type"] == "pong"
@@ -302,6 +305,25 @@ def test_generate_accept_undo(conn: Conn) -> None:
     assert again["code"] == "conflict"  # already accepted
     back = conn.rpc({"type": "history.undo", "doc_id": s["doc_id"]})  # one undo takes the whole proposal back
     assert back["text"] == TEXT and any(sp["kind"] == "free" for sp in back["spans"])
+
+
+def test_left_out_params_take_the_model_defaults(backend: Backend, tmp_path: Path) -> None:
+    """A model's generation_config.json sets what a gen.start leaves out; gen.accepted echoes what was used."""
+    tuned = dataclasses.replace(backend, sampler_defaults=SamplerConfig(max_steps=5, entropy_bound=0.7, t_max=0.6))
+    config = ServerConfig(db=":memory:", port=8765, hosts=("testserver",), web_dir=str(tmp_path))
+    with TestClient(create_app(config, backend=tuned)) as client, client.websocket_connect("/ws") as ws:
+        c = Conn(ws)
+        welcome = c.rpc({"type": "hello", "protocol": "dcanvas/1"})
+        assert welcome["model"]["defaults"] == {"max_steps": 5, "entropy_bound": 0.7, "t_max": 0.6, "t_min": 0.4}
+        s = _edit(c, _open(c), {"op": "mask", "start": 4, "end": 7})
+        accepted, frames, done = _generate(c, s, seed=1)
+        p = accepted["params"]
+        assert (p["max_steps"], p["entropy_bound"], p["t_max"], p["t_min"]) == (5, 0.7, 0.6, 0.4)
+        assert all(f["max_steps"] == 5 for f in frames) and done["stats"]["steps"] <= 5
+        accepted, _, _ = _generate(c, s, seed=1, max_steps=3, t_min=0.1)  # given fields win
+        assert (accepted["params"]["max_steps"], accepted["params"]["t_min"]) == (3, 0.1)
+        bad = c.rpc({"type": "gen.start", "doc_id": s["doc_id"], "base_v": s["v"], "params": {"t_min": 0.65}})
+        assert bad["code"] == "invalid_params" and "t_max (0.6) must be >= t_min (0.65)" in bad["message"]
 
 
 def test_reject_and_partial_accept(conn: Conn) -> None:

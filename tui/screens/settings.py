@@ -44,6 +44,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
         s = self.settings
         with Vertical(id="settings-box"):
             yield Label("Generation settings", id="settings-title")
+            yield Label("Empty sampler fields take the model's own defaults.", classes="settings-hint")
             with Horizontal(classes="settings-row"):
                 yield Label("Mode", classes="settings-label")
                 yield Select(
@@ -71,7 +72,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
         out: dict[str, Any] = {"mode": self.query_one("#set-mode", Select).value}
         for name in FIELDS:
             raw = self.query_one(f"#set-{name}", Input).value.strip()
-            out[name] = None if raw == "" and name == "seed" else raw
+            out[name] = None if raw == "" and name != "gap_tokens" else raw
         return out
 
     def action_save(self) -> None:

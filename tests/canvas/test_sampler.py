@@ -1,0 +1,66 @@
+"""Sampler settings: a model's generation_config.json round-trips, feeds the defaults, and bad files say where."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from canvas.model import PRESETS, DiffusionModel, save_pretrained
+from canvas.sampler import SamplerConfig, load_sampler_defaults, select_accepted
+
+
+def test_generation_config_round_trip() -> None:
+    cfg = SamplerConfig(max_steps=16, entropy_bound=0.3, t_max=0.7, t_min=0.2, confidence_threshold=0.05)
+    raw = json.loads(json.dumps(cfg.to_generation_config()))
+    assert raw["max_denoising_steps"] == 16 and raw["sampler_config"]["entropy_bound"] == 0.3
+    assert SamplerConfig.from_generation_config(raw) == cfg
+    # The transformers layout with keys we do not use, and a partial file keeping the reference defaults.
+    assert SamplerConfig.from_generation_config({"max_denoising_steps": 8, "bos_token_id": 1}) == SamplerConfig(
+        max_steps=8
+    )
+
+
+def test_save_pretrained_writes_the_model_defaults(tmp_path: Path) -> None:
+    model = DiffusionModel(PRESETS["tiny"])
+    save_pretrained(model, tmp_path / "reference")
+    assert load_sampler_defaults(tmp_path / "reference") == SamplerConfig()
+    tuned = SamplerConfig(max_steps=12, entropy_bound=0.5)
+    save_pretrained(model, tmp_path / "tuned", sampler=tuned)
+    assert load_sampler_defaults(tmp_path / "tuned") == tuned
+    gen = json.loads((tmp_path / "tuned" / "generation_config.json").read_text())
+    assert gen["bos_token_id"] == PRESETS["tiny"].bos_token_id  # the token ids stay beside the sampler fields
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [("{oops", "Expecting"), ("[1]", "not a JSON object"), ('{"max_denoising_steps": "many"}', "must be a number"),
+     ('{"max_denoising_steps": 0}', "max_steps"), ('{"max_denoising_steps": 2.5}', "must be a number"),
+     ('{"t_min": 0.9}', "t_min")],
+)  # fmt: skip
+def test_bad_generation_config_names_the_file(tmp_path: Path, content: str, why: str) -> None:
+    (tmp_path / "generation_config.json").write_text(content)
+    with pytest.raises(ValueError, match=why) as info:
+        load_sampler_defaults(tmp_path)
+    assert "generation_config.json" in str(info.value)
+
+
+def test_missing_generation_config_gives_the_reference_defaults(tmp_path: Path) -> None:
+    assert load_sampler_defaults(tmp_path) == SamplerConfig()
+
+
+def test_select_accepted_matches_a_loop() -> None:
+    g = torch.Generator().manual_seed(0)
+    entropy = torch.rand(3, 20, generator=g)
+    free = torch.rand(3, 20, generator=g) < 0.7
+    got = select_accepted(entropy, free, 0.4)
+    for b in range(3):
+        order = sorted((float(e), i) for i, e in enumerate(entropy[b]) if free[b, i])
+        want, total = set(), 0.0
+        for e, i in order:
+            if total <= 0.4:  # cumulative entropy of the slots before this one
+                want.add(i)
+            total += e
+        assert {i for i in range(20) if got[b, i]} == want
