@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canvas.document import Document, Proposal
-from canvas.sampler import Mode, SamplerConfig
+from canvas.sampler import Mode, SamplerConfig, load_sampler_defaults
 from canvas.training.eval_samples import CONTINUATION, EvalError, Sample, build_samples, read_documents
 from canvas.training.judge import SpanScore, perplexity
 
@@ -296,6 +296,27 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
     return result
 
 
+def operating_point(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The sweep point to make a model's default: the fastest (most tokens per forward) whose judge perplexity is
+    within 10% of the best point's. Quality first, then speed; the reference settings get no special standing."""
+    points = sweep["points"]
+    best = min(p["judge_ppl"] for p in points)
+    good = [p for p in points if p["judge_ppl"] <= 1.1 * best]
+    return max(good, key=lambda p: (p["tokens_per_forward"], -p["judge_ppl"]))
+
+
+def write_defaults(model_dir: Path, point: dict[str, Any]) -> SamplerConfig:
+    """Make `point`'s step budget and entropy bound the model's defaults in its generation_config.json (the other
+    keys of the file are kept)."""
+    path = model_dir / "generation_config.json"
+    current = load_sampler_defaults(model_dir)
+    chosen = replace(current, max_steps=int(point["max_steps"]), entropy_bound=float(point["entropy_bound"]))
+    raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    raw.update(chosen.to_generation_config())
+    path.write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+    return chosen
+
+
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's targets against the measured figures (a missed target is reported, not hidden)."""
     out = [
@@ -378,6 +399,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON result to this file")
+    parser.add_argument("--write-defaults", dest="write_defaults", action="store_true",
+                        help="make the sweep's operating point (fastest within 10%% of its best judge perplexity) "
+                        "the model's default in its generation_config.json")  # fmt: skip
     parser.set_defaults(func=run)
 
 
@@ -406,6 +430,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(PRESETS[args.preset], **changes)
     except ValueError as exc:
         return fail(str(exc))
+    if args.write_defaults and not cfg.sweeping:
+        return fail("--write-defaults needs a sweep (--sweep-samples > 0)")
     torch.set_num_threads(max(1, args.threads))
     model_dir = args.model or default_model_dir()
     if model_dir is None:
@@ -431,6 +457,11 @@ def run(args: argparse.Namespace) -> int:
             return fail(str(exc))
     result["data"] = str(args.data)
     result["threads"] = torch.get_num_threads()
+    if args.write_defaults:
+        chosen = write_defaults(Path(model_dir), operating_point(result["sweep"]))
+        result["defaults_written"] = {"max_steps": chosen.max_steps, "entropy_bound": chosen.entropy_bound}
+        console.print(f"{model_dir}/generation_config.json: defaults now {chosen.max_steps} steps, "
+                      f"entropy bound {chosen.entropy_bound:g}")  # fmt: skip
     text = json.dumps(result, indent=2, allow_nan=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

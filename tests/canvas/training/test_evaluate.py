@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from canvas.sampler import load_sampler_defaults
 from canvas.server.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.training.eval_report import card_metrics, markdown
 from canvas.training.eval_samples import CONTINUATION, EvalError, build_samples, read_documents
@@ -26,9 +27,11 @@ from canvas.training.evaluate import (
     EvalConfig,
     Record,
     evaluate,
+    operating_point,
     pool,
     repeated_4grams,
     sweep_summary,
+    write_defaults,
 )
 from canvas.training.judge import Judge, JudgeError, SpanScore, load_judge, perplexity
 
@@ -233,6 +236,22 @@ def test_sweep_summary_picks_the_fastest_point_within_ten_percent() -> None:
     assert (best["max_steps"], best["tokens_per_forward"]) == (16, 16.0) and len(out["points"]) == 4
 
 
+def test_operating_point_is_the_fastest_within_ten_percent_of_the_best(tmp_path: Path) -> None:
+    def point(steps: int, bound: float, ppl: float, tpf: float) -> dict[str, Any]:
+        return {"max_steps": steps, "entropy_bound": bound, "judge_ppl": ppl, "tokens_per_forward": tpf}
+
+    sweep = {"points": [point(48, 0.1, 30.0, 5.3), point(16, 0.3, 20.0, 16.0), point(8, 0.3, 21.5, 32.0),
+                        point(8, 1.0, 23.0, 32.0)]}  # fmt: skip
+    chosen = operating_point(sweep)
+    assert (chosen["max_steps"], chosen["entropy_bound"]) == (8, 0.3)  # 21.5 <= 1.1 * 20; 23 is not
+    (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "t_min": 0.3}))
+    written = write_defaults(tmp_path, chosen)
+    assert (written.max_steps, written.entropy_bound, written.t_min) == (8, 0.3, 0.3)
+    raw = json.loads((tmp_path / "generation_config.json").read_text())
+    assert raw["bos_token_id"] == 1 and raw["max_denoising_steps"] == 8
+    assert load_sampler_defaults(tmp_path) == written
+
+
 # ---- end to end ---------------------------------------------------------------------------------------------------
 class RecordingJudge(Judge):
     def __init__(self, inner: Judge) -> None:
@@ -343,6 +362,8 @@ def test_cli_json_and_errors(model_dir: Path, judge_dir: Path, docs: list[tuple[
     assert "dcanvas data build" in capsys.readouterr().err
     assert main([*common, "--data", str(data), "--gaps", "4", "--sweep-task", "infill-9"]) == 2
     assert "sweep_task" in capsys.readouterr().err
+    assert main([*common, "--data", str(data), "--sweep-samples", "0", "--write-defaults"]) == 2
+    assert "needs a sweep" in capsys.readouterr().err
 
 
 # ---- the real judge -----------------------------------------------------------------------------------------------
