@@ -51,6 +51,7 @@ class ServeProcess:
     """`dcanvas serve` in a subprocess, on 127.0.0.1 at a free port, with its log in a file."""
 
     def __init__(self, model: Path, workdir: Path) -> None:
+        self.model = model
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"

@@ -21,6 +21,7 @@ import pytest
 
 from canvas.client import DcanvasClient
 from canvas.protocol import DocState, ReplaceOp
+from canvas.sampler import load_sampler_defaults
 from tests.web.conftest import ServeProcess, artifacts_dir
 from tests.web.webfiles import protocol_tables
 
@@ -149,6 +150,10 @@ def test_mask_generate_watch_replay_accept_undo(page: Any, web_server: ServeProc
     expect(page.locator("#doc-view .free")).to_have_count(1)
     assert "cat sat on the mat" in page.inner_text("#doc-view .free")  # the mask may widen to token edges
 
+    # Blank sampler fields show the model's own defaults (its generation_config.json) and take them.
+    defaults = load_sampler_defaults(web_server.model)
+    expect(page.locator("#param-max_steps")).to_have_attribute("placeholder", f"{defaults.max_steps} (model)")
+    expect(page.locator("#param-max_steps")).to_have_value("")
     page.fill("#param-max_steps", "12")  # enough steps that frames are not all merged (30 fps) on a fast machine
     page.fill("#param-seed", "11")
     page.evaluate(
