@@ -99,6 +99,8 @@ def model_card(
         "|---|---|",
         f"| steps | {st.step} of a {cfg.max_steps}-step schedule (warmup {cfg.warmup_steps}, "
         f"lr {cfg.lr:g}, decay over the last {cfg.decay_frac:.0%}) |",
+        *([f"| warm start | at step {cfg.rewarm_from}, from an earlier export of this model (its weights and loss "
+           f"curve; a fresh optimizer, the warmup restarted there) |"] if cfg.rewarm_from else []),
         f"| batch | {cfg.batch_size} canvases of {mc.canvas_length} + prefixes of "
         f"{cfg.corruption.min_prefix}-{cfg.corruption.max_prefix} tokens |",
         f"| tokens seen | {st.tokens_seen:,} stream tokens ({st.canvas_tokens:,} canvas slots) |",

@@ -132,7 +132,8 @@ def test_warm_start_continues_an_exported_model(tiny_data: dict[str, Path], tmp_
         torch.testing.assert_close(tensor, exported[name], rtol=0, atol=0)
     # Through the CLI: the run continues at step 3 with its warmup restarted there.
     assert main(["train", "--run", str(tmp_path / "b"), *common, "--init", str(out), "--stop-at-step", "5",
-                 "--log-every", "1", "--warmup-steps", "4"]) == 0  # fmt: skip
+                 "--log-every", "1", "--warmup-steps", "4", "--export", str(tmp_path / "again")]) == 0  # fmt: skip
+    assert "| warm start | at step 3," in (tmp_path / "again" / "README.md").read_text()
     saved = json.loads((tmp_path / "b" / "train_config.json").read_text())
     assert saved["rewarm_from"] == 3
     rows = json.loads((tmp_path / "b" / "loss.json").read_text())
