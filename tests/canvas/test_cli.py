@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,18 @@ def test_generate_json(tiny_dir: Path, mode: str) -> None:
     assert set(doc) >= {"tokens", "text", "tokens_per_forward", "steps", "wall_s"}
     assert 0 < len(doc["tokens"]) <= 20 and isinstance(doc["text"], str)
     assert doc["steps"] >= 1 and doc["tokens_per_forward"] > 0
+
+
+def test_generate_takes_the_model_defaults(tiny_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    (model / "generation_config.json").write_text(json.dumps({"max_denoising_steps": 2}))
+    out = dcanvas("generate", "--model", str(model), "--prompt", "The cat sat", "--max-new-tokens", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    assert 1 <= json.loads(out.stdout)["steps"] <= 2
+    (model / "generation_config.json").write_text("{broken")
+    out = dcanvas("generate", "--model", str(model), "--prompt", "The cat sat")
+    assert out.returncode == 2 and "generation_config.json" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_generate_errors_are_clear(tmp_path: Path) -> None:
