@@ -15,6 +15,7 @@ D head dim, M hidden size, V vocabulary, E experts, K experts per token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, cast
 
 import torch
@@ -26,6 +27,10 @@ from canvas.model.config import ModelConfig, RopeConfig
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
 from kernels.soft_embed import soft_embedding
+
+# Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
+# writes its cache here, `denoise` reads it, the training objective keeps graph-connected K/V.
+KVSource = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor, Tensor | None]]
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
@@ -145,10 +150,6 @@ class Block(nn.Module):
             routed, self.post_feedforward_layernorm_2, self.eps)
         return rms_norm_add(both, x, self.post_feedforward_layernorm, self.eps)
 
-    def forward(self, x: Tensor, attn_out: Tensor, scalar: Tensor) -> Tensor:
-        h = rms_norm_add(attn_out, x, self.post_attention_layernorm, self.eps)
-        return self.feed_forward(h) * scalar
-
 
 class SelfConditioning(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -232,6 +233,21 @@ class DiffusionModel(nn.Module):
         cap = self.config.final_logit_softcapping
         return torch.tanh(out / cap) * cap if cap else out
 
+    def run_layers(self, x: Tensor, positions: Tensor, kv: KVSource, *, decoder: bool,
+                   on_residual: Callable[[Block, Tensor], None] | None = None) -> Tensor:
+        """The layer stack over hidden states x (B, T, M) at `positions` (B, T), shared by `encode`, `denoise` and
+        the training objective. `on_residual(layer, h)` sees each post-attention residual (the router's input);
+        the objective takes its load-balance loss there. Keeps the autograd graph when grad is enabled."""
+        for i, layer in enumerate(self.blocks):
+            attn = layer.attn
+            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+            keys, values, mask = kv(i, k, v)
+            h = rms_norm_add(attn.attend(q, keys, values, mask), x, layer.post_attention_layernorm, layer.eps)
+            if on_residual is not None:
+                on_residual(layer, h)
+            x = layer.feed_forward(h) * (layer.decoder_scalar if decoder else layer.encoder_scalar)
+        return x
+
     # ---- encoder ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None,
@@ -268,22 +284,21 @@ class DiffusionModel(nn.Module):
         tail_pos = torch.arange(start - n_tail, start + T, device=dev)
         sliding_mask = self._causal_mask(q_pos, tail_pos, cache.key_valid[:, start - n_tail : start + T],
                                          self.config.sliding_window)
-        for i, layer in enumerate(self.blocks):
-            attn = layer.attn
-            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+
+        def write_cache(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
             lkv = cache.layers[i]
-            if lkv.sliding:
+            if lkv.sliding:  # the window's tail, then these tokens; the cache keeps the last window - 1
                 keys = torch.cat([lkv.k[:, :, :n_tail], k], dim=2)
                 vals = torch.cat([lkv.v[:, :, :n_tail], v], dim=2)
-                a = attn.attend(q, keys, vals, sliding_mask)
                 keep = min(keys.shape[2], lkv.k.shape[2])
                 lkv.k[:, :, :keep] = keys[:, :, -keep:]
                 lkv.v[:, :, :keep] = vals[:, :, -keep:]
-            else:
-                lkv.k[:, :, start : start + T] = k
-                lkv.v[:, :, start : start + T] = v
-                a = attn.attend(q, lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask)
-            x = layer(x, a, layer.encoder_scalar)
+                return keys, vals, sliding_mask
+            lkv.k[:, :, start : start + T] = k
+            lkv.v[:, :, start : start + T] = v
+            return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask
+
+        x = self.run_layers(x, positions, write_cache, decoder=False)
         cache.length = start + T
         cache.row_length.fill_(cache.length)
         cache.next_pos = torch.full((B,), cache.length, dtype=torch.long, device=dev)
@@ -338,12 +353,11 @@ class DiffusionModel(nn.Module):
                 masks[sliding] = None  # no padding: plain bidirectional attention over cache + canvas
             else:
                 masks[sliding] = torch.cat([kv_valid, canvas_valid], dim=1)[:, None, None, :]
-        for i, layer in enumerate(self.blocks):
-            attn = layer.attn
-            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+
+        def read_cache(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
             ck, cv = cache.read(i)
             if ck.shape[2]:
                 k, v = torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)
-            a = attn.attend(q, k, v, masks[cache.layers[i].sliding])
-            x = layer(x, a, layer.decoder_scalar)
-        return self.logits(x)
+            return k, v, masks[cache.layers[i].sliding]
+
+        return self.logits(self.run_layers(x, positions, read_cache, decoder=True))

@@ -1,10 +1,10 @@
 """The training objective: encoder AR loss + canvas denoising loss (+ router balance), with self-conditioning.
 
 `DiffusionModel.encode`/`denoise` serve inference: the encoder writes a detached KV cache. Training needs the
-gradient of the denoising loss to reach the prefix keys/values too (the same weights produce them), so this module
-runs the two passes itself from the model's own building blocks (`Attention.project/attend`, the block's norms and
-feed-forward, `self_conditioning`, `logits`), keeping the graph. `tests/canvas/training/test_objective.py` holds
-these passes to `model.encode` + `model.denoise` (same logits without grad), so they cannot drift apart.
+gradient of the denoising loss to reach the prefix keys/values too (the same weights produce them), so the two
+passes here run the model's own layer stack (`DiffusionModel.run_layers`, the one loop `encode` and `denoise` run)
+with graph-connected K/V instead of the cache, and take the router balance loss from its per-layer hook.
+`tests/canvas/training/test_objective.py` holds them to `model.encode` + `model.denoise` (same logits, no grad).
 
 Recipe (NeMo AutoModel's DiffusionGemma SFT guide, read for the method, no code copied):
 - encoder: one causal pass over the clean prefix (or, `encoder_span="window"`, the prefix + the text after it, as
@@ -23,7 +23,7 @@ Legend: B batch, P prefix, L canvas, T = P + L, M hidden, V vocabulary, H heads,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from torch import Tensor
 from canvas.model import DiffusionModel
 from canvas.model.model import Block
 from canvas.training.corrupt import Batch
-from kernels.rmsnorm import rms_norm, rms_norm_add
+from kernels.rmsnorm import rms_norm
 
 KV = list[tuple[Tensor, Tensor]]  # per layer: k, v (B, G, T, D), graph-connected
 
@@ -95,10 +95,6 @@ class _Balance:
         return self.total / self.count if self.total is not None else torch.zeros((), device=device)
 
 
-def _layers(model: DiffusionModel) -> list[Block]:
-    return [cast(Block, layer) for layer in model.layers]
-
-
 def _band_mask(T: int, window: int | None, device: torch.device) -> Tensor:
     """(T, T) bool: causal, and within `window` when given (a query sees itself and window - 1 before it)."""
     q = torch.arange(T, device=device)[:, None]
@@ -115,19 +111,15 @@ def encoder_pass(model: DiffusionModel, ids: Tensor, balance: _Balance | None = 
     B, T = ids.shape
     cfg = model.config
     positions = torch.arange(T, device=ids.device).expand(B, T)
-    full = _band_mask(T, None, ids.device)
-    sliding = _band_mask(T, cfg.sliding_window, ids.device)
-    x = model.embed_tokens(ids)  # (B, T, M)
+    masks = {False: _band_mask(T, None, ids.device), True: _band_mask(T, cfg.sliding_window, ids.device)}
     kv: KV = []
-    for layer in _layers(model):
-        attn = layer.attn
-        q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+
+    def keep(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         kv.append((k, v))
-        a = attn.attend(q, k, v, sliding if attn.sliding else full)
-        h = rms_norm_add(a, x, layer.post_attention_layernorm, layer.eps)
-        if balance is not None:
-            balance.add(layer, h)
-        x = layer.feed_forward(h) * cast(Tensor, layer.encoder_scalar)
+        return k, v, masks[model.blocks[i].attn.sliding]
+
+    x = model.run_layers(model.embed_tokens(ids), positions, keep, decoder=False,
+                         on_residual=balance.add if balance is not None else None)  # fmt: skip
     return x, kv
 
 
@@ -154,19 +146,16 @@ def decoder_pass(
     P = prefix_len
     cfg = model.config
     positions = torch.arange(P, P + L, device=canvas.device).expand(B, L)
-    x = model.self_conditioning(model.embed_tokens(canvas), soft)  # (B, L, M)
     n_tail = min(P, cfg.sliding_window - 1)
-    for layer, (pk, pv) in zip(_layers(model), prefix_kv, strict=True):
-        attn = layer.attn
-        q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
-        lo = P - n_tail if attn.sliding else 0
-        keys = torch.cat([pk[:, :, lo:P], k], dim=2)
-        vals = torch.cat([pv[:, :, lo:P], v], dim=2)
-        a = attn.attend(q, keys, vals, None)
-        h = rms_norm_add(a, x, layer.post_attention_layernorm, layer.eps)
-        if balance is not None:
-            balance.add(layer, h)
-        x = layer.feed_forward(h) * cast(Tensor, layer.decoder_scalar)
+
+    def after_prefix(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        pk, pv = prefix_kv[i]
+        lo = P - n_tail if model.blocks[i].attn.sliding else 0
+        return torch.cat([pk[:, :, lo:P], k], dim=2), torch.cat([pv[:, :, lo:P], v], dim=2), None
+
+    x = model.self_conditioning(model.embed_tokens(canvas), soft)  # (B, L, M)
+    x = model.run_layers(x, positions, after_prefix, decoder=True,
+                         on_residual=balance.add if balance is not None else None)  # fmt: skip
     return x if return_hidden else model.logits(x)
 
 
