@@ -121,9 +121,9 @@ class Generations:
                 raise ProtocolError(
                     ErrorCode.CONFLICT, "nothing to generate: mask some text or insert a gap in the canvas window"
                 )
+            params, config = resolve_params(msg.params, hub.backend.sampler_defaults)  # may refuse: before stopping
             if live.run is not None:
                 live.run.stop("superseded")
-            params, config = resolve_params(msg.params, hub.backend.sampler_defaults)
             region = (min(r.char_start for r in view.free_regions), max(r.char_end for r in view.free_regions))
             run = Run("g-" + secrets.token_hex(6), session, live, msg.id, params, doc.version, region, view.pinned)
             request = GenRequest(
