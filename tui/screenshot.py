@@ -33,7 +33,7 @@ async def capture(out: Path, *, model: str | None, server: str | None, frames: i
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "story.txt"
         path.write_text(SAMPLE, encoding="utf-8")
-        settings = save_settings(Settings(seed=seed, max_steps=48, gap_tokens=6), Path(tmp) / "tui.json")
+        settings = save_settings(Settings(seed=seed, gap_tokens=6), Path(tmp) / "tui.json")
         app = DcanvasApp(path, server=server, model=model, settings_path=settings)
         async with app.run_test(size=(80, 24)) as pilot:
             screen = app.main
