@@ -29,6 +29,7 @@ from canvas.protocol import (
     ErrorCode,
     GenAccepted,
     GenCancel,
+    GenDefaults,
     GenDone,
     GenParams,
     GenStart,
@@ -51,8 +52,7 @@ log = logging.getLogger("canvas.server")
 def resolve_params(p: GenParams, defaults: SamplerConfig) -> tuple[GenParams, SamplerConfig]:
     """Fill what the client left out (the model's defaults, a fresh seed); the params echo the resolved values."""
     d = defaults
-    filled = {"max_steps": d.max_steps, "entropy_bound": d.entropy_bound, "t_max": d.t_max, "t_min": d.t_min}
-    update: dict[str, object] = {k: v for k, v in filled.items() if getattr(p, k) is None}
+    update: dict[str, object] = {k: getattr(d, k) for k in GenDefaults.model_fields if getattr(p, k) is None}
     if p.seed is None:
         update["seed"] = secrets.randbits(63)
     params = p.model_copy(update=update) if update else p

@@ -251,8 +251,7 @@ class Hub:
             server=ServerInfo(name="dcanvas", version=__version__),
             model=ModelInfo(
                 name=b.name, canvas_length=b.canvas_length, modes=list(b.modes),  # type: ignore[arg-type]
-                defaults=GenDefaults(max_steps=d.max_steps, entropy_bound=d.entropy_bound, t_max=d.t_max,
-                                     t_min=d.t_min),
+                defaults=GenDefaults(**{k: getattr(d, k) for k in GenDefaults.model_fields}),
             ),
             limits=self.limits.to_wire(),
         )

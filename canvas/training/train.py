@@ -173,11 +173,12 @@ class Trainer:
     def warm_start(self, model_dir: Path) -> None:
         """Start a new run from an exported model (weights, and its loss curve so steps and tokens continue).
 
-        The model shape and tokenizer must match this run's; the optimizer starts fresh (its warmup restarts at the
-        exported step, `TrainConfig.rewarm_from`)."""
+        The model shape and tokenizer must match this run's; the optimizer starts fresh, its warmup restarting at the
+        exported step (this sets `TrainConfig.rewarm_from`)."""
         source = DiffusionModel.from_pretrained(str(model_dir), device=self.device)
         theirs, ours = source.config.to_hf_dict(), self.model_config.to_hf_dict()
-        theirs.pop("name", None), ours.pop("name", None)
+        theirs.pop("name", None)
+        ours.pop("name", None)
         if theirs != ours:
             diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
             raise ValueError(f"{model_dir} is another model shape or tokenizer than this run (differs in {diff})")
@@ -197,6 +198,7 @@ class Trainer:
                     wall_seconds=float(last["wall_s"]),
                     history=rows,
                 )
+        self.cfg = dataclasses.replace(self.cfg, rewarm_from=self.state.step)
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     @property
@@ -431,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, FileNotFoundError, OSError) as exc:
             console.print(f"[red]error:[/red] --init: {exc}")
             return 2
-        cfg = trainer.cfg = dataclasses.replace(cfg, rewarm_from=trainer.state.step)
+        cfg = trainer.cfg
         state = trainer.state
         console.print(f"warm start from {args.init} at step {state.step} ({state.tokens_seen:,} tokens)")
     if args.bench:

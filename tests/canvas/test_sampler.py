@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from canvas.model import PRESETS, DiffusionModel, save_pretrained
+from canvas.protocol import GenDefaults, ModelInfo
 from canvas.sampler import SamplerConfig, load_sampler_defaults, select_accepted
 
 
@@ -49,6 +50,12 @@ def test_bad_generation_config_names_the_file(tmp_path: Path, content: str, why:
 
 def test_missing_generation_config_gives_the_reference_defaults(tmp_path: Path) -> None:
     assert load_sampler_defaults(tmp_path) == SamplerConfig()
+
+
+def test_the_wire_fallback_defaults_are_the_sampler_defaults() -> None:
+    """A welcome without `defaults` (an older server) means the reference defaults; both spellings must agree."""
+    wire = ModelInfo(name="m", canvas_length=8, modes=["diffusion"]).defaults
+    assert {k: getattr(SamplerConfig(), k) for k in GenDefaults.model_fields} == wire.model_dump()
 
 
 def test_select_accepted_matches_a_loop() -> None:
