@@ -156,6 +156,24 @@ def archive_version(archive: Path) -> str:
     return name.removesuffix(".tar.gz").rsplit("-", 1)[-1]
 
 
+def _safe_members(tar: tarfile.TarFile, target: Path) -> list[tarfile.TarInfo]:
+    """The members, refused as the "data" extraction filter refuses them: a path or link leaving `target`, or a
+    device or FIFO."""
+    members = tar.getmembers()
+    name = str(tar.name)
+    for m in members:
+        where = (target / m.name).resolve()
+        if not where.is_relative_to(target):
+            raise SourceError(f"{name}: member {m.name!r} would be written outside {target}")
+        if m.issym() or m.islnk():
+            base = where.parent if m.issym() else target
+            if not (base / m.linkname).resolve().is_relative_to(target):
+                raise SourceError(f"{name}: link {m.name!r} points outside {target}")
+        if m.isdev():
+            raise SourceError(f"{name}: member {m.name!r} is a device or FIFO")
+    return members
+
+
 def unpack(archive: Path, cache_dir: Path) -> Path:
     """Unpack an sdist or .deb under `cache_dir/unpacked/<archive stem>` (once) and return that directory."""
     archive = archive.resolve()
@@ -168,7 +186,10 @@ def unpack(archive: Path, cache_dir: Path) -> Path:
     target.mkdir(parents=True)
     if archive.name.endswith(".tar.gz"):
         with tarfile.open(archive) as tar:
-            tar.extractall(target, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(target, filter="data")
+            else:  # Python 3.11.0-3.11.3 lack extraction filters: check the members ourselves
+                tar.extractall(target, members=_safe_members(tar, target))
     else:
         _run(["dpkg-deb", "-x", str(archive), str(target)], cwd=target)
     done.write_text(archive.name)

