@@ -221,6 +221,30 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     per_step = statistics.median(engine_run(1) for _ in range(max(3, args.runs // 2))) / steps
     step_overhead = per_step / bare
 
+    # An editor infill: a 32-token gap between 64 pinned tokens on each side uses 160 of the canvas's slots, and
+    # the forward covers only those. Early stopping off, so both walls are exactly `steps` steps.
+    side, gap = min(64, (L - 1) // 4), min(32, (L - 1) // 2)
+    window = 2 * side + gap
+    slots = tuple(torch.randint(3, V, (window,), generator=torch.Generator().manual_seed(3)).tolist())
+    pins = tuple(not side <= i < side + gap for i in range(window))
+    fixed = SamplerConfig(max_steps=steps, stability_threshold=steps + 1, seed=0)
+
+    def fixed_run(request: GenRequest) -> float:
+        eng = Engine(ours, max_batch=1)
+        h = eng.submit(request)
+        t0 = time.perf_counter()
+        eng.run_until_idle()
+        wall = time.perf_counter() - t0
+        assert h.wait(0).steps == steps
+        return wall
+
+    def infill_run() -> float:
+        return fixed_run(GenRequest(ctx, slots, pins, fixed))
+
+    full_step = statistics.median(fixed_run(GenRequest(ctx, config=fixed)) for _ in range(max(3, args.runs // 2)))
+    full_step /= steps
+    infill_step = statistics.median(infill_run() for _ in range(max(3, args.runs // 2))) / steps
+
     # Peak memory of one sampler step, ours vs the reference's ops, in fp32 (B, L, V) tensors (B = 1).
     unit = L * V * 4
     logits = torch.randn(1, L, V) * 3
@@ -264,6 +288,8 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
         "sampler_buffers": ours_buffers, "batch_gain": batch_gain,
         "ours_s": t["ours"], "reference_s": t["ref"], "steps": steps, "per_step_ms": per_step * 1e3,
         "bare_forward_ms": bare * 1e3, "reference_sampler_buffers": ref_buffers,
+        "infill_window_slots": window, "infill_step_ms": infill_step * 1e3,
+        "infill_step_vs_full": infill_step / full_step, "full_step_fixed_ms": full_step * 1e3,
         "diffusion_tok_s_fixed_steps": diff_tok_s, "ar_tok_s": ar_tok_s,
         "preset": cfg.name, "prompt_tokens": args.prompt, "runs": args.runs, "machine": machine(),
     }
@@ -272,6 +298,8 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
         ("speedup (goal >= 4)", f"{speedup:.2f}x"),
         ("identical tokens", str(identical)),
         ("step / bare forward (goal <= 1.15)", f"{per_step * 1e3:.1f} / {bare * 1e3:.1f} ms = {step_overhead:.2f}"),
+        (f"infill window of {window} slots / full canvas, ms a step",
+         f"{infill_step * 1e3:.1f} / {full_step * 1e3:.1f} ms = {infill_step / full_step:.2f}"),
         ("sampler peak, fp32 [1,L,V] units (goal <= 1)", f"{ours_buffers:.2f} (reference {ref_buffers:.2f})"),
         ("8 canvases: sequential / batched s (goal >= 2.5)", f"{seq:.2f} / {bat:.2f} = {batch_gain:.2f}x"),
         ("tok/s diffusion (all steps) / AR", f"{diff_tok_s:.0f} / {ar_tok_s:.0f}"),

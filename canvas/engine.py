@@ -3,7 +3,8 @@
 Owns the running generations. A request (`GenRequest`) carries token ids only — the context before the canvas,
 the canvas slots with their pins, the sampler settings — so the engine knows nothing of documents or text.
 Each `step()` admits waiting requests, runs ONE batched decoder forward over every diffusion row (their caches
-stacked, right-padded and masked, each row at its own step of its own temperature schedule), then samples,
+stacked, right-padded and masked, each row at its own step of its own temperature schedule; the canvas is cut to
+the longest prefix of slots any row uses, so a short infill window costs a short forward), then samples,
 accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
 batched with. `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close.
 AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
@@ -139,9 +140,8 @@ class _Row:
         self.handle, self.req, self.cfg, self.cache = handle, req, req.config, cache
         self.last_logits = last_logits  # (V,) AR next-token logits after the context
         n = len(req.slot_ids)
-        self.valid = torch.ones(L, dtype=torch.bool, device=device)
-        if n:
-            self.valid[n:] = False
+        self.used = n or L  # slots in use: always a prefix of the canvas
+        self.valid = torch.arange(L, device=device) < self.used
         self.pinned = torch.zeros(L, dtype=torch.bool, device=device)
         self.pinned[:n] = torch.tensor(req.pinned, dtype=torch.bool)
         self.pinned_ids = torch.zeros(L, dtype=torch.long, device=device)
@@ -160,7 +160,7 @@ class _Row:
         self.soft: Tensor | None = None
         self.remaining = self.cfg.max_steps
         self.step_in_canvas = 0
-        self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, L, device)
+        self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, self.used, device)
         self.ar_pos = 0
 
     @property
@@ -307,41 +307,55 @@ class Engine:
         else:
             cache = KVCache.stack([r.cache for r in rows])
             self._stacked = (key, cache)
-        canvas = torch.stack([r.canvas for r in rows])  # (B, L)
+        # The forward covers only the slots some row uses: unused slots are hidden from attention, so cutting them
+        # off changes no used slot's logits, and an infill of a short window costs a short forward.
+        n = max(r.used for r in rows)
+        canvas = torch.stack([r.canvas[:n] for r in rows])  # (B, n)
         soft = None
         if any(r.soft is not None for r in rows):
-            # A zero signal is exactly "no self-conditioning" (the gated MLP maps 0 to 0).
-            zeros = torch.zeros(L, model.config.hidden_size, device=model.device, dtype=model.dtype)
-            soft = torch.stack([r.soft if r.soft is not None else zeros for r in rows])  # (B, L, M)
-        mask = None if all(bool(r.valid.all()) for r in rows) else torch.stack([r.valid for r in rows])  # (B, L)
+            # A zero signal is exactly "no self-conditioning" (the gated MLP maps 0 to 0); a row's soft embeddings
+            # beyond its own used slots are never read, so zeros pad them too.
+            soft = torch.zeros(len(rows), n, model.config.hidden_size, device=model.device, dtype=model.dtype)
+            for b, r in enumerate(rows):
+                if r.soft is not None:
+                    soft[b, : r.used] = r.soft
+        mask = None if all(r.used == n for r in rows) else torch.stack([r.valid[:n] for r in rows])  # (B, n)
         t0 = time.perf_counter()
-        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask)  # (B, L, V)
+        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask)  # (B, n, V)
         temps = torch.stack([r.cfg.temperature(r.remaining) for r in rows]).to(model.device)
         processed = logits.div_(temps[:, None, None])
         null_id = model.config.null_token_id
         if null_id is not None:
             # Finite, not -inf: the entropy terms stay 0 * -1e4 = 0 instead of 0 * -inf = nan.
-            banned = torch.stack([r.trailing_free for r in rows])  # (B, L)
+            banned = torch.stack([r.trailing_free[:n] for r in rows])  # (B, n)
             processed[..., null_id].masked_fill_(banned, _BANNED_LOGIT)
-        new_soft = model.soft_embeddings(processed)  # (B, L, M): next step's self-conditioning
+        new_soft = model.soft_embeddings(processed)  # (B, n, M): next step's self-conditioning
         self.forward_s += time.perf_counter() - t0
+        V = model.config.vocab_size
         for b, row in enumerate(rows):
-            stats = step_stats(processed[b : b + 1], row.noise)
-            free = row.free[None]
-            accepted = select_accepted(stats.entropy, free, row.cfg.entropy_bound)[0]
-            renoise = row.noise.uniform_tokens((1, L), model.config.vocab_size, model.device)[0]
-            row.canvas = torch.where(row.pinned, row.pinned_ids, torch.where(accepted, stats.sample[0], renoise))
-            row.argmax = torch.where(row.pinned, row.pinned_ids, stats.argmax[0])
-            row.soft = new_soft[b]
+            # Everything per row runs over the row's own used slots, so its random streams (and tokens) do not
+            # depend on what it was batched with.
+            m = row.used
+            stats = step_stats(processed[b : b + 1, :m], row.noise)  # (1, m)
+            free = row.free[None, :m]
+            pinned, pinned_ids = row.pinned[:m], row.pinned_ids[:m]
+            accepted = select_accepted(stats.entropy, free, row.cfg.entropy_bound)[0]  # (m,)
+            renoise = row.noise.uniform_tokens((1, m), V, model.device)[0]
+            row.canvas[:m] = torch.where(pinned, pinned_ids, torch.where(accepted, stats.sample[0], renoise))
+            row.argmax[:m] = torch.where(pinned, pinned_ids, stats.argmax[0])
+            row.soft = new_soft[b, :m]
             row.remaining -= 1
             row.step_in_canvas += 1
             row.steps += 1
             row.forwards += 1
-            stop = bool(row.stopping.update(row.argmax[None], stats.entropy, free)[0]) or row.remaining == 0
+            stop = bool(row.stopping.update(row.argmax[None, :m], stats.entropy, free)[0]) or row.remaining == 0
             if stop or row.step_in_canvas % row.req.stream_every == 0:
-                entropy = torch.where(free[0], stats.entropy[0], torch.zeros_like(stats.entropy[0]))
+                entropy = torch.zeros(L, device=model.device)
+                entropy[:m] = torch.where(free[0], stats.entropy[0], 0.0)
+                accepted_all = torch.zeros(L, dtype=torch.bool, device=model.device)
+                accepted_all[:m] = accepted
                 row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
-                                       tuple(row.argmax.tolist()), tuple(accepted.tolist()),
+                                       tuple(row.argmax.tolist()), tuple(accepted_all.tolist()),
                                        tuple(entropy.tolist()), time.perf_counter() - row.t0))
             if stop:
                 self._commit(row)
@@ -350,7 +364,7 @@ class Engine:
         """One token (or one run of pinned tokens) through the encoder."""
         model = self.model
         pos = row.ar_pos
-        n_slots = int(row.valid.sum())  # the slots in use are a prefix of the canvas
+        n_slots = row.used
         if bool(row.pinned[pos]):
             end = pos
             while end < n_slots and bool(row.pinned[end]):
@@ -410,6 +424,7 @@ class Engine:
         self._stacked = None
         # Later canvases continue the text: nothing pinned, every slot in use.
         row.pinned.zero_()
+        row.used = self.L
         row.valid.fill_(True)
         row.new_canvas(self.L, self.model.device)
 

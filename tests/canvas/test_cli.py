@@ -67,6 +67,7 @@ def test_bench_engine_tiny_identical_tokens() -> None:
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"speedup", "identical", "step_overhead", "sampler_buffers", "batch_gain"} <= set(doc)
     assert doc["identical"] is True
+    assert doc["infill_window_slots"] < 256 and doc["infill_step_ms"] > 0 and doc["infill_step_vs_full"] > 0
 
 
 def test_bench_model_gpu_path_runs_on_cpu() -> None:

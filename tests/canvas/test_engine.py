@@ -184,6 +184,34 @@ def test_unused_slots_are_hidden_and_never_generated(model: DiffusionModel) -> N
     la = model.denoise(a, cache, canvas_mask=mask)
     lb = model.denoise(b, cache, canvas_mask=mask)
     torch.testing.assert_close(la[:, :10], lb[:, :10])
+    # ...so the engine may drop them from the forward altogether: the used prefix alone gives the same logits.
+    torch.testing.assert_close(model.denoise(a[:, :10], cache), la[:, :10])
+
+
+def test_forward_covers_only_used_slots(model: DiffusionModel, monkeypatch) -> None:
+    """The decoder runs over the longest used prefix in the batch, not the whole canvas; rows of different
+    lengths batched together still get the tokens each gets alone."""
+    L = model.config.canvas_length
+    short = []
+    for seed, n in ((11, 10), (12, 40)):
+        r = request(model, seed)
+        short.append(GenRequest(r.context_ids, r.slot_ids[:n], r.pinned[:n], r.config))
+    reqs = [*short, request(model, 13)]
+    alone = [run(Engine(model, max_batch=1), [r])[0][0].canvases for r in reqs]
+    widths: list[int] = []
+    original = model.denoise
+
+    def spy(canvas_ids, *a, **k):
+        widths.append(canvas_ids.shape[1])
+        return original(canvas_ids, *a, **k)
+
+    monkeypatch.setattr(model, "denoise", spy)
+    run(Engine(model), short[:1])
+    assert set(widths) == {10}
+    widths.clear()
+    together, _ = run(Engine(model, max_batch=8), reqs)
+    assert widths[0] == L and [d.canvases for d in together] == alone
+    assert all(len(c[0]) == L for c in alone)
 
 
 def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
