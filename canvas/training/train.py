@@ -194,7 +194,9 @@ class Trainer:
                 self.state = RunState(
                     step=int(last["step"]),
                     tokens_seen=int(last["tokens"]),
-                    canvas_tokens=int(last["step"]) * self.cfg.batch_size * self.model_config.canvas_length,
+                    # Curves from before the column existed: every step of the earlier run had this batch size.
+                    canvas_tokens=int(last.get("canvas_tokens", last["step"] * self.cfg.batch_size
+                                               * self.model_config.canvas_length)),
                     wall_seconds=float(last["wall_s"]),
                     history=rows,
                 )
@@ -325,7 +327,8 @@ class Trainer:
                 if step % self.cfg.log_every == 0 or step == end:
                     elapsed = time.perf_counter() - window_start
                     row = {k: sum(r[k] for r in window) / len(window) for k in window[0]}
-                    row.update(step=step, tokens=self.state.tokens_seen, wall_s=round(self.state.wall_seconds, 1))
+                    row.update(step=step, tokens=self.state.tokens_seen, wall_s=round(self.state.wall_seconds, 1),
+                               canvas_tokens=self.state.canvas_tokens)
                     row["tokens_per_s"] = window_tokens / max(elapsed, 1e-9)
                     if step % self.cfg.eval_every == 0 or step == end:
                         row.update(self.evaluate())

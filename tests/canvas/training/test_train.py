@@ -123,11 +123,14 @@ def test_warm_start_continues_an_exported_model(tiny_data: dict[str, Path], tmp_
     out = tmp_path / "exported"
     assert main(["train", "--run", str(tmp_path / "a"), *common, "--stop-at-step", "3", "--log-every", "1",
                  "--export", str(out)]) == 0  # fmt: skip
-    exported = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["model"]
-    warm = Trainer(tmp_path / "b", _config(tiny_data))
+    checkpoint = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    exported = checkpoint["model"]
+    warm = Trainer(tmp_path / "b", _config(tiny_data, batch_size=3))
     warm.warm_start(out)
     assert warm.state.step == 3 and len(warm.state.history) == 3
     assert warm.state.tokens_seen == exported_tokens(tmp_path / "a")
+    # Canvas slots come from the curve, not from this run's (different) batch size.
+    assert warm.state.canvas_tokens == checkpoint["state"]["canvas_tokens"] == 3 * 2 * warm.model_config.canvas_length
     for name, tensor in warm.model.state_dict().items():
         torch.testing.assert_close(tensor, exported[name], rtol=0, atol=0)
     # Through the CLI: the run continues at step 3 with its warmup restarted there.
