@@ -1,14 +1,21 @@
 """Markdown for `dcanvas eval`: the tables of the model card and BENCHMARKS.md, from the eval's JSON result.
 
 `markdown(result)` renders the per-task table (diffusion and AR), the quality-speed sweep and the targets;
-`card_metrics(result)` is the flat `{metric: value}` the exporter's model card takes. Both read only the JSON that
+`card_metrics(result)` is the flat `{metric: value}` the exporter's model card takes; `card_section` and
+`update_card` put a whole evaluation into a model card (`dcanvas eval --card`). All read only the JSON that
 `canvas.training.evaluate.evaluate` returns, so a saved `--out` file can be rendered again later.
+
+`update_card` owns one block per key between marker comments and rewrites only that block, so the hand-written
+reading of the numbers around it survives a re-evaluation.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
+
+PLACEHOLDER = "Not evaluated at export time; run `dcanvas eval` (its table belongs here)."
 
 
 def _f(value: float, digits: int = 2) -> str:
@@ -86,3 +93,55 @@ def card_metrics(result: dict[str, Any]) -> dict[str, str]:
         )
     out["judge"] = str(result["judge"])
     return out
+
+
+def card_section(result: dict[str, Any], command: str) -> str:
+    """The evaluation as a model-card block: the command, the tables, the defaults written, one output per task."""
+    tables = markdown(result).split("\n", 2)[2].rstrip()  # without the "## Evaluation of" heading
+    lines = [f"`{command}` ({result['wall_s']:.0f} s, {result.get('threads', '?')} threads):", "", tables, ""]
+    written = result.get("defaults_written")
+    if written:
+        lines += [f"Defaults written to `generation_config.json`: **{written['max_steps']} steps, entropy bound "
+                  f"{written['entropy_bound']:g}** (the fastest sweep point within 10% of the best judge perplexity).",
+                  ""]  # fmt: skip
+    examples = result.get("examples") or []
+    if examples:
+        cfg = result["config"]
+        lines += [f"Outputs on the first sample of each task ({cfg['max_steps']} steps, bound "
+                  f"{cfg['entropy_bound']:g}; `[[...]]` is the model's text, `{{...}}` the human text it replaces):",
+                  "", "```"]  # fmt: skip
+        for ex in examples:
+            for mode in ("diffusion", "ar"):
+                if mode in ex:
+                    text = f"...{ex['before'][-160:]}[[{ex[mode]}]]{ex['after'][:80]}..."
+                    lines.append(f"{ex['task']} {mode}: {_one_line(text)}")
+            lines.append(f"{ex['task']} human: {{{_one_line(ex['human'])}}}")
+        lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    """Text for one line of a fenced block: newlines shown as a pilcrow, backticks that could close the fence cut."""
+    return text.replace("\n", " ¶ ").replace("```", "'''")
+
+
+def update_card(path: Path, key: str, section: str) -> None:
+    """Write `section` into the model card at `path` as the block named `key`: in place of that block if the card has
+    it, else at the end of its `## Evaluation` section (replacing the exporter's placeholder), else at the end."""
+    begin, end = f"<!-- dcanvas eval {key}: begin -->", f"<!-- dcanvas eval {key}: end -->"
+    block = f"{begin}\n{section.rstrip()}\n{end}\n"
+    text = path.read_text(encoding="utf-8")
+    if begin in text and end in text.split(begin, 1)[1]:
+        head, rest = text.split(begin, 1)
+        text = head + block.rstrip("\n") + rest.split(end, 1)[1]
+    else:
+        text = text.replace(PLACEHOLDER + "\n", "")
+        lines = text.splitlines(keepends=True)
+        heading = next((i for i, ln in enumerate(lines) if ln.strip() == "## Evaluation"), None)
+        if heading is None:
+            text = text.rstrip("\n") + "\n\n## Evaluation\n\n" + block
+        else:
+            nxt = next((i for i in range(heading + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            after = "".join(lines[nxt:])
+            text = "".join(lines[:nxt]).rstrip("\n") + "\n\n" + block + ("\n" + after if after else "")
+    path.write_text(text, encoding="utf-8")

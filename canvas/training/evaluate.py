@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -403,6 +404,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="make the sweep's operating point (fastest within 10%% of its best judge perplexity) "
                         "the model's default in its generation_config.json")  # fmt: skip
     parser.set_defaults(func=run)
+    parser.add_argument("--card", action="store_true",
+                        help="write the evaluation into the model's README.md (the block 'main', or 'defaults' with "
+                             "--write-defaults; text around the block is kept)")  # fmt: skip
 
 
 _OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "ar")
@@ -416,7 +420,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from canvas.server.backend import default_model_dir, load_backend
-    from canvas.training.eval_report import markdown
+    from canvas.training.eval_report import card_section, markdown, update_card
     from canvas.training.judge import JudgeError, load_judge
 
     console = Console(stderr=True)
@@ -436,6 +440,9 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model or default_model_dir()
     if model_dir is None:
         return fail("no embedded model at canvas/assets/default-model; pass --model DIR")
+    card = Path(model_dir) / "README.md"
+    if args.card and not card.is_file():
+        return fail(f"--card: {card} does not exist (export the model first)")
     try:
         docs = read_documents(args.data)
         backend = load_backend(model_dir, max_batch=1)
@@ -462,6 +469,10 @@ def run(args: argparse.Namespace) -> int:
         result["defaults_written"] = {"max_steps": chosen.max_steps, "entropy_bound": chosen.entropy_bound}
         console.print(f"{model_dir}/generation_config.json: defaults now {chosen.max_steps} steps, "
                       f"entropy bound {chosen.entropy_bound:g}")  # fmt: skip
+    if args.card:
+        key = "defaults" if args.write_defaults else "main"
+        update_card(card, key, card_section(result, shlex.join(["dcanvas", *sys.argv[1:]])))
+        console.print(f"{card}: evaluation block '{key}' written")
     text = json.dumps(result, indent=2, allow_nan=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from canvas.model import DiffusionModel
+from canvas.training.eval_report import PLACEHOLDER
 from canvas.training.tokens import file_sha256
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def model_card(
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in evaluation.items()]
     else:
-        lines.append("Not evaluated at export time; run `dcanvas eval` (its table belongs here).")
+        lines.append(PLACEHOLDER)
     lines += ["", "## Data", ""]
     if manifest:
         lines += ["| source | licence | train words | train docs |", "|---|---|---:|---:|"]

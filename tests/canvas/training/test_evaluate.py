@@ -20,7 +20,7 @@ import torch
 
 from canvas.sampler import load_sampler_defaults
 from canvas.server.backend import Backend, load_backend, write_tiny_checkpoint
-from canvas.training.eval_report import card_metrics, markdown
+from canvas.training.eval_report import PLACEHOLDER, card_metrics, card_section, markdown, update_card
 from canvas.training.eval_samples import CONTINUATION, EvalError, build_samples, read_documents
 from canvas.training.evaluate import (
     PRESETS,
@@ -364,6 +364,41 @@ def test_cli_json_and_errors(model_dir: Path, judge_dir: Path, docs: list[tuple[
     assert "sweep_task" in capsys.readouterr().err
     assert main([*common, "--data", str(data), "--sweep-samples", "0", "--write-defaults"]) == 2
     assert "needs a sweep" in capsys.readouterr().err
+    card = model_dir / "README.md"
+    card.unlink(missing_ok=True)
+    assert main([*common, "--data", str(data), "--card"]) == 2
+    assert "export the model first" in capsys.readouterr().err
+    card.write_text(f"# m\n\n## Evaluation\n\n{PLACEHOLDER}\n\n## Data\n\nsources\n", encoding="utf-8")
+    assert main([*common, "--data", str(data), "--samples", "1", "--sweep-samples", "0", "--card"]) == 0
+    text = card.read_text(encoding="utf-8")
+    assert PLACEHOLDER not in text and "<!-- dcanvas eval main: begin -->" in text
+    assert "`dcanvas eval --model" in text and text.index("| infill-4 |") < text.index("## Data")
+
+
+def test_update_card_rewrites_only_its_block(result_and_calls: tuple[dict[str, Any], Any], tmp_path: Path) -> None:
+    result, _ = result_and_calls
+    section = card_section({**result, "threads": 2}, "dcanvas eval --card")
+    assert section.startswith("`dcanvas eval --card` (") and "### Targets" in section
+    assert "infill-4 diffusion: ..." in section and "continuation human: {" in section
+    card = tmp_path / "README.md"
+    card.write_text(f"# m\n\n## Evaluation\n\n{PLACEHOLDER}\n\n## Data\n\nsources\n", encoding="utf-8")
+    update_card(card, "main", "first\n")
+    text = card.read_text(encoding="utf-8")
+    assert PLACEHOLDER not in text and text.index("first") < text.index("## Data")
+    # Hand-written text after the block survives a re-evaluation; another key gets a block of its own.
+    card.write_text(text.replace("## Data", "Reading it: by hand.\n\n## Data"), encoding="utf-8")
+    update_card(card, "main", "second\n")
+    update_card(card, "defaults", "sweep\n")
+    text = card.read_text(encoding="utf-8")
+    assert "first" not in text and text.count("second") == 1 and "Reading it: by hand." in text
+    assert text.index("second") < text.index("Reading it") < text.index("sweep") < text.index("## Data")
+    assert text.endswith("## Data\n\nsources\n")
+    # A card without an evaluation section gets one at the end.
+    bare = tmp_path / "bare.md"
+    bare.write_text("# m\n", encoding="utf-8")
+    update_card(bare, "main", "x\n")
+    assert bare.read_text(encoding="utf-8").endswith("## Evaluation\n\n<!-- dcanvas eval main: begin -->\nx\n"
+                                                     "<!-- dcanvas eval main: end -->\n")
 
 
 # ---- the real judge -----------------------------------------------------------------------------------------------
