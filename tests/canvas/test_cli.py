@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from canvas.generate_cli import parse_masks
 from canvas.server.backend import write_tiny_checkpoint
 
 
@@ -45,6 +46,38 @@ def test_generate_takes_the_model_defaults(tiny_dir: Path, tmp_path: Path) -> No
     (model / "generation_config.json").write_text("{broken")
     out = dcanvas("generate", "--model", str(model), "--prompt", "The cat sat")
     assert out.returncode == 2 and "generation_config.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_parse_masks() -> None:
+    assert parse_masks("plain") == ("plain", [])
+    text, spans = parse_masks("a [[b c]] d [[e]]")
+    assert text == "a b c d e" and [text[s:e] for s, e in spans] == ["b c", "e"]
+    for bad, why in (("a [[b", "unbalanced"), ("a ]] b", "unbalanced"), ("a [[ ]] b", "empty"),
+                     ("[[a [[b]] c]]", "unbalanced")):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            parse_masks(bad)
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_generate_infill_rewrites_only_the_marked_span(tiny_dir: Path, mode: str) -> None:
+    out = dcanvas("generate", "--model", str(tiny_dir), "--prompt", "The cat [[sat on]] the mat.", "--mode", mode,
+                  "--max-steps", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    # The span grows to the tokens it touches (here its leading space); the rest of the text is kept as it was.
+    assert doc["replaced"] in (["sat on"], [" sat on"], [" sat on "])
+    assert doc["text"] == "The cat sat on the mat.".replace(doc["replaced"][0], doc["fills"][0])
+    assert len(doc["tokens"]) <= 2 and doc["steps"] >= 1
+
+
+def test_generate_infill_errors(tiny_dir: Path) -> None:
+    out = dcanvas("generate", "--model", str(tiny_dir), "--prompt", "The [[cat]] sat", "--max-new-tokens", "3")
+    assert out.returncode == 2 and "--max-new-tokens" in out.stderr
+    far = "The [[cat]] " + "and the dog ran " * 10 + "[[home]]."
+    out = dcanvas("generate", "--model", str(tiny_dir), "--prompt", far)
+    assert out.returncode == 2 and "must fit one canvas of 16 tokens" in out.stderr and "Traceback" not in out.stderr
+    out = dcanvas("generate", "--model", str(tiny_dir), "--prompt", "The [[cat sat")
+    assert out.returncode == 2 and "unbalanced" in out.stderr
 
 
 def test_generate_errors_are_clear(tmp_path: Path) -> None:
