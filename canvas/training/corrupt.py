@@ -5,9 +5,11 @@ One example is a window of the corpus token stream: `P` prefix tokens for the ca
 - plain: the canvas is the next `L` tokens (a continuation);
 - pinned: as plain, with 1..`max_spans` random spans left clean (a user's pins); the rest is to be filled;
 - gap: the canvas holds clean left context `[0, a)`, a gap `[a, a+g)` and clean right context `[a+g, L)`. The gap's
-  true text has `c < g` tokens; the `g - c` slots after it hold `<null>` and the right context is the text that
-  follows the `c` tokens. This teaches infill between pins and infills shorter than their gap (the editor drops
-  nulls), with the right context where the editor puts it, shifted by the unused slots.
+  true text has `c <= g` tokens, at least `(1 - max_null_frac) * g`; the `g - c` slots after it hold `<null>` and the
+  right context is the text that follows the `c` tokens. This teaches infill between pins and infills somewhat
+  shorter than their gap (the editor drops nulls), with the right context where the editor puts it, shifted by the
+  unused slots. The cap matters: with infill lengths uniform over the whole gap, nulls became the best-predicted
+  slots of every gap and a long-trained model's infills collapsed to all-null (a masked phrase deleted).
 Noise follows the recipe: a level `t ~ U(eps, 1)` per example; every unpinned slot is replaced, with probability `t`,
 by a token drawn uniformly from the vocabulary (there is no mask token). Pinned slots are never noised and carry no
 loss; every other slot (noised or not) is a target, as in the recipe's flat cross-entropy over the canvas.
@@ -37,7 +39,8 @@ class CorruptionConfig:
     p_gap: float = 0.3
     max_spans: int = 3  # pinned layout: 1..max_spans spans ...
     max_span_frac: float = 0.25  # ... each at most this share of the canvas
-    max_gap_frac: float = 0.75  # gap layout: the gap is at most this share of the canvas
+    max_gap_frac: float = 0.75  # gap layout: the gap is at most this share of the canvas ...
+    max_null_frac: float = 0.25  # ... and at most this share of its slots are <null> (the infill fills the rest)
     p_doc_start: float = 0.2  # share of windows aligned to a document start (prefix begins with <bos>)
 
     def __post_init__(self) -> None:
@@ -54,6 +57,8 @@ class CorruptionConfig:
             raise ValueError("p_pinned + p_gap must be <= 1")
         if self.max_spans < 1 or not 0.0 < self.max_span_frac <= 1.0 or not 0.0 < self.max_gap_frac <= 1.0:
             raise ValueError("max_spans must be >= 1 and the fractions in (0, 1]")
+        if not 0.0 <= self.max_null_frac <= 1.0:
+            raise ValueError(f"max_null_frac must be in [0, 1], got {self.max_null_frac}")
 
     @property
     def window(self) -> int:
@@ -126,7 +131,7 @@ def sample_batch(
         elif layout[b] == LAYOUT_GAP:
             g = int(rng.integers(2, max(3, int(cfg.max_gap_frac * L)) + 1))
             a = int(rng.integers(0, L - g + 1))
-            c = int(rng.integers(0, g))  # true infill length, shorter than the gap
+            c = g - int(rng.integers(0, int(cfg.max_null_frac * g) + 1))  # true infill length: g minus the nulls
             text = stream[b, P:]
             # Left context, the c-token infill, nulls, then the text that followed the infill (right context).
             right = text[a + c : a + c + (L - a - g)]

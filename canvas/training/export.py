@@ -94,7 +94,8 @@ def model_card(
         "(self-conditioning); the encoder gets a next-token loss (weight "
         f"{cfg.objective.ar_weight}); a router load-balance loss (weight {cfg.objective.balance_weight}). "
         f"Canvas layouts: plain continuation, random pinned spans (p={cfg.corruption.p_pinned}), and gaps whose "
-        f"infill is shorter than the gap with `<null>` in the unused slots (p={cfg.corruption.p_gap}).",
+        f"infill leaves up to {cfg.corruption.max_null_frac:.0%} of the gap unused, `<null>` in those slots "
+        f"(p={cfg.corruption.p_gap}).",
         "",
         "| | |",
         "|---|---|",

@@ -61,6 +61,7 @@ def test_gap_layout_infill_then_nulls_then_right_context() -> None:
     batch = _batch(cfg, batch_size=64)
     assert (batch.layout == LAYOUT_GAP).all()
     P = batch.prefix_len
+    nulls = []
     for b in range(64):
         free = (~batch.pinned[b]).nonzero().squeeze(1)
         a, g = int(free[0]), len(free)
@@ -69,12 +70,19 @@ def test_gap_layout_infill_then_nulls_then_right_context() -> None:
         row = batch.canvas_clean[b]
         n_null = int((row == NULL).sum())
         c = g - n_null
-        assert n_null >= 1  # the infill is shorter than its gap
+        assert n_null <= int(cfg.max_null_frac * g)  # the infill fills most of its gap
+        nulls.append(n_null)
         assert torch.equal(row[:a], text[:a])
         assert torch.equal(row[a : a + c], text[a : a + c])
         assert (row[a + c : a + g] == NULL).all()
         # The right context is the text that followed the infill, shifted right by the unused slots.
         assert torch.equal(row[a + g :], text[a + c : a + c + (L - a - g)])
+    assert min(nulls) == 0 and max(nulls) > 0  # some infills fill the whole gap, some leave slots unused
+    # With the cap at 1, an infill may be empty (every slot of the gap null).
+    wide_cfg = CorruptionConfig(canvas_length=L, max_prefix=16, p_pinned=0.0, p_gap=1.0, max_null_frac=1.0)
+    wide = _batch(wide_cfg, batch_size=256)
+    free = ~wide.pinned
+    assert any(bool((wide.canvas_clean[b][free[b]] == NULL).all()) for b in range(256))
 
 
 def test_doc_start_alignment() -> None:
@@ -94,6 +102,7 @@ def test_doc_start_alignment() -> None:
         {"noise_eps": 0.0},
         {"p_pinned": 0.7, "p_gap": 0.7},
         {"max_spans": 0},
+        {"max_null_frac": 1.5},
     ],
 )
 def test_config_validation(kwargs: dict[str, float]) -> None:
