@@ -141,13 +141,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: Any, args: argparse.Namespace) -> int:
     """Rewrite `spans` of `text` between the pinned text around them: one canvas window holding every span."""
     from rich.text import Text
 
     from canvas.document import Document, DocumentError
-    from canvas.engine import Engine, Frame, GenRequest
+    from canvas.engine import Engine, Frame
     from canvas.server.backend import load_backend
 
     backend = load_backend(model_dir, max_batch=1)
@@ -175,7 +174,7 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
             live.update(Text(f"step {event.step}/{event.max_steps}  {backend.tokenizer.decode(draft)}"))
 
     engine = Engine(backend.engine.model, max_batch=1)
-    handle = engine.submit(GenRequest(backend.context(view.context_ids), view.slot_ids, view.pinned, config), on_event)
+    handle = engine.submit(backend.request(view, config), on_event)
     engine.run_until_idle()
     done = handle.wait(0)
     if live is not None:
@@ -183,7 +182,7 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
     if done.status != "completed":
         print(f"error: generation {done.status}: {done.error}", file=sys.stderr)
         return 1
-    proposal = doc.make_proposal(done.canvases[0][: len(view.slot_ids)], backend.null_id, eos_id=backend.eos_id)
+    proposal = backend.proposal(doc, done.canvases[0])
     new_text = text[: proposal.start] + proposal.new_text + text[proposal.end :]
     fills = [r.text for r in proposal.regions]
     replaced = [text[r.char_start : r.char_end] for r in proposal.regions]  # each span grown to whole tokens

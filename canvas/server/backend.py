@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canvas.document import DocumentConfig, HFTokenizer
-from canvas.engine import Engine
+from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
+from canvas.engine import Engine, GenRequest
 from canvas.sampler import SamplerConfig, load_sampler_defaults
 
 # A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
@@ -57,6 +57,15 @@ class Backend:
 
     def context(self, ids: tuple[int, ...]) -> tuple[int, ...]:
         return ids if self.bos_id is None else (self.bos_id, *ids)
+
+    def request(self, view: CanvasView, config: SamplerConfig, *, stream_every: int = 1) -> GenRequest:
+        """The engine request that fills the free slots of a document's canvas view."""
+        return GenRequest(self.context(view.context_ids), view.slot_ids, view.pinned, config, stream_every=stream_every)
+
+    def proposal(self, doc: Document, canvas: tuple[int, ...]) -> Proposal:
+        """A generated canvas read back into `doc` (the document the request's view came from): nulls dropped,
+        a region cut at EOS."""
+        return doc.make_proposal(canvas, self.null_id, eos_id=self.eos_id)
 
 
 def _special_id(tok: Any, attr: str, token: str | None = None) -> int | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from canvas.document import Document, DocumentError
-from canvas.engine import Done, Frame, GenHandle, GenRequest
+from canvas.engine import Done, Frame, GenHandle
 from canvas.protocol import (
     Ack,
     DiffSegment,
@@ -126,13 +126,7 @@ class Generations:
                 live.run.stop("superseded")
             region = (min(r.char_start for r in view.free_regions), max(r.char_end for r in view.free_regions))
             run = Run("g-" + secrets.token_hex(6), session, live, msg.id, params, doc.version, region, view.pinned)
-            request = GenRequest(
-                context_ids=hub.backend.context(view.context_ids),
-                slot_ids=view.slot_ids,
-                pinned=view.pinned,
-                config=config,
-                stream_every=params.stream_every,
-            )
+            request = hub.backend.request(view, config, stream_every=params.stream_every)
             loop = asyncio.get_running_loop()
 
             def deliver(ev: Frame | Done) -> None:  # on the engine's thread
@@ -260,8 +254,7 @@ class Generations:
             raise DocumentError("the engine returned no canvas")
         source = live.doc if live.doc.version == run.base_v else run.snapshot
         assert source is not None  # taken by before_change when the document first moved on
-        ids = done.canvases[0][: len(run.pinned)]
-        made = source.make_proposal(ids, backend.null_id, eos_id=backend.eos_id)
+        made = backend.proposal(source, done.canvases[0][: len(run.pinned)])
         start, end = run.region  # the same span as made.start/end, moved over later disjoint changes
         live.proposals[run.id] = PendingProposal(run.id, run.session, made, start, end)
         segments = [DiffSegment(op=c.op, text=c.text) for c in made.diff]

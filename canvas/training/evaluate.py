@@ -193,20 +193,14 @@ class Evaluator:
         self._generate(sample.document(self.backend), SamplerConfig(max_steps=2, seed=0))
 
     def _generate(self, doc: Document, sampler: SamplerConfig) -> tuple[Proposal, Done, float]:
-        from canvas.engine import GenRequest
-
-        view = doc.canvas_view()
-        request = GenRequest(self.backend.context(view.context_ids), view.slot_ids, view.pinned, sampler)
         t0 = time.perf_counter()
-        handle = self.engine.submit(request)
+        handle = self.engine.submit(self.backend.request(doc.canvas_view(), sampler))
         self.engine.run_until_idle()
         wall = time.perf_counter() - t0
         done = handle.wait(0)
         if done.status != "completed" or not done.canvases:
             raise EvalError(f"the engine did not complete a canvas: {done.status} {done.error or ''}".strip())
-        proposal = doc.make_proposal(done.canvases[0][: len(view.pinned)], self.backend.null_id,
-                                     eos_id=self.backend.eos_id)  # fmt: skip
-        return proposal, done, wall
+        return self.backend.proposal(doc, done.canvases[0]), done, wall
 
     def _score(self, sample: Sample, doc: Document, proposal: Proposal, new_text: str) -> SpanScore:
         """Judge score of `new_text` put in place of the proposal's span (the seam only for an infill)."""
