@@ -203,14 +203,19 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(ours)
     ctx = tuple(prompt[0].tolist())
 
-    def engine_run(n: int = 1, batch: int = 8) -> float:
+    def timed(requests: list[GenRequest], batch: int) -> tuple[float, list[Any]]:
+        """Wall seconds of a fresh engine running `requests` to completion, and their `Done`s."""
         eng = Engine(ours, max_batch=batch)
-        hs = [eng.submit(GenRequest(ctx, config=SamplerConfig(max_steps=steps, seed=i))) for i in range(n)]
+        hs = [eng.submit(r) for r in requests]
         t0 = time.perf_counter()
         eng.run_until_idle()
         wall = time.perf_counter() - t0
-        assert all(h.wait(0).status == "completed" for h in hs)
-        return wall
+        dones = [h.wait(0) for h in hs]
+        assert all(d.status == "completed" for d in dones)
+        return wall, dones
+
+    def engine_run(n: int = 1, batch: int = 8) -> float:
+        return timed([GenRequest(ctx, config=SamplerConfig(max_steps=steps, seed=i)) for i in range(n)], batch)[0]
 
     engine.submit(GenRequest(ctx, config=SamplerConfig(max_steps=2, seed=0)))
     engine.run_until_idle()  # warm the context cache and the allocator
@@ -229,21 +234,17 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     pins = tuple(not side <= i < side + gap for i in range(window))
     fixed = SamplerConfig(max_steps=steps, stability_threshold=steps + 1, seed=0)
 
-    def fixed_run(request: GenRequest) -> float:
-        eng = Engine(ours, max_batch=1)
-        h = eng.submit(request)
-        t0 = time.perf_counter()
-        eng.run_until_idle()
-        wall = time.perf_counter() - t0
-        assert h.wait(0).steps == steps
-        return wall
+    def fixed_step(request: GenRequest) -> float:
+        """Median seconds a step of `request` alone, stopping off so every run is exactly `steps` steps."""
+        walls = []
+        for _ in range(max(3, args.runs // 2)):
+            wall, (done,) = timed([request], 1)
+            assert done.steps == steps
+            walls.append(wall)
+        return statistics.median(walls) / steps
 
-    def infill_run() -> float:
-        return fixed_run(GenRequest(ctx, slots, pins, fixed))
-
-    full_step = statistics.median(fixed_run(GenRequest(ctx, config=fixed)) for _ in range(max(3, args.runs // 2)))
-    full_step /= steps
-    infill_step = statistics.median(infill_run() for _ in range(max(3, args.runs // 2))) / steps
+    full_step = fixed_step(GenRequest(ctx, config=fixed))
+    infill_step = fixed_step(GenRequest(ctx, slots, pins, fixed))
 
     # Peak memory of one sampler step, ours vs the reference's ops, in fp32 (B, L, V) tensors (B = 1).
     unit = L * V * 4
