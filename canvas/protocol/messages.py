@@ -1,0 +1,417 @@
+"""dcanvas/1 messages: the `doc.edit` op union, generation parameters, the client->server requests and the
+server->client replies and events, each a pydantic model discriminated on `type` (ops on `op`).
+
+Invariants: every string and list is bounded (by a `Field` or by `ServerLimits` from the validation context);
+offsets are character offsets into the document text, ranges half-open `[start, end)`; `CLIENT_MESSAGES` and
+`SERVER_MESSAGES` map each `type` tag to its model and are what the parser dispatches on.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
+
+from canvas.protocol.base import (
+    PROTOCOL,
+    DocId,
+    ErrorCode,
+    GenId,
+    Limits,
+    Mode,
+    Name,
+    Offset,
+    RequestId,
+    Version,
+    _check_text,
+    _limits,
+    _Model,
+    _Range,
+)
+
+# --------------------------------------------------------------------------------------------------------------
+# doc.edit ops
+
+
+class ReplaceOp(_Range):
+    """Replace the characters `[start, end)` with `text` (insert when start == end, delete when text is empty)."""
+
+    op: Literal["replace"] = "replace"
+    text: str
+
+    @field_validator("text")
+    @classmethod
+    def _bounded_text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _check_text(value, info)
+
+
+class PinOp(_Range):
+    """Pin `[start, end)`: the model must keep this text."""
+
+    op: Literal["pin"] = "pin"
+
+
+class UnpinOp(_Range):
+    op: Literal["unpin"] = "unpin"
+
+
+class MaskOp(_Range):
+    """Mask `[start, end)`: its text becomes free slots that the next generation rewrites."""
+
+    op: Literal["mask"] = "mask"
+
+
+class UnmaskOp(_Range):
+    op: Literal["unmask"] = "unmask"
+
+
+class InsertGapOp(_Model):
+    """Insert `n_tokens` free slots at character offset `at` (infill)."""
+
+    op: Literal["insert_gap"] = "insert_gap"
+    at: Offset
+    n_tokens: Annotated[int, Field(ge=1)]
+
+    @field_validator("n_tokens")
+    @classmethod
+    def _gap_limit(cls, value: int, info: ValidationInfo) -> int:
+        if value > _limits(info).max_gap_tokens:
+            raise ValueError(f"n_tokens ({value}) is more than the limit of {_limits(info).max_gap_tokens}")
+        return value
+
+
+class MoveWindowOp(_Model):
+    """Move the canvas window so that it starts at (the token containing) character offset `start`."""
+
+    op: Literal["move_window"] = "move_window"
+    start: Offset
+
+
+EditOp = Annotated[
+    ReplaceOp | PinOp | UnpinOp | MaskOp | UnmaskOp | InsertGapOp | MoveWindowOp, Field(discriminator="op")
+]
+EDIT_OP: TypeAdapter[EditOp] = TypeAdapter(EditOp)
+
+
+class GenParams(_Model):
+    """Sampler parameters of one generation. A sampler field left out (None) takes the model's default (its
+    `generation_config.json`, announced in `welcome.model.defaults`); `gen.accepted` echoes the resolved values."""
+
+    mode: Mode = "diffusion"
+    max_steps: Annotated[int, Field(ge=1, le=256)] | None = None
+    entropy_bound: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    t_max: Annotated[float, Field(ge=0, le=100)] | None = None
+    t_min: Annotated[float, Field(gt=0, le=100)] | None = None  # > 0: the last step divides the logits by it
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None  # None: the server picks one
+    stream_every: Annotated[int, Field(ge=1, le=256)] = 1  # send a progress frame every this many steps
+
+    @model_validator(mode="after")
+    def _temperatures(self) -> GenParams:
+        if self.t_max is not None and self.t_min is not None and self.t_max < self.t_min:
+            raise ValueError(f"t_max ({self.t_max}) must be >= t_min ({self.t_min})")
+        return self
+
+
+class GenDefaults(_Model):
+    """The model's sampler defaults: what a `gen.start` gets for the GenParams fields it leaves out."""
+
+    max_steps: int
+    entropy_bound: float
+    t_max: float
+    t_min: float
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Client -> server
+
+
+class _Request(_Model):
+    id: RequestId | None = None
+
+
+class ClientInfo(_Model):
+    name: Annotated[str, Field(max_length=64)]
+    version: Annotated[str, Field(max_length=32)] = ""
+
+
+class Hello(_Request):
+    type: Literal["hello"] = "hello"
+    protocol: Annotated[str, Field(max_length=32)]
+    client: ClientInfo | None = None
+    token: Annotated[str, Field(max_length=256)] | None = None
+
+
+class DocOpen(_Request):
+    """Open document `doc_id`, or (without it) create a new document from `text` (default empty)."""
+
+    type: Literal["doc.open"] = "doc.open"
+    doc_id: DocId | None = None
+    text: str | None = None
+    name: Name | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _bounded_text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _check_text(value, info)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DocOpen:
+        if self.doc_id is not None and self.text is not None:
+            raise ValueError("give doc_id (open) or text (create), not both")
+        return self
+
+
+class DocClose(_Request):
+    """Stop receiving `doc.state` broadcasts of a document."""
+
+    type: Literal["doc.close"] = "doc.close"
+    doc_id: DocId
+
+
+class DocEdit(_Request):
+    type: Literal["doc.edit"] = "doc.edit"
+    doc_id: DocId
+    base_v: Version
+    ops: Annotated[list[EditOp], Field(min_length=1)]
+
+    @field_validator("ops")
+    @classmethod
+    def _op_limit(cls, value: list[EditOp], info: ValidationInfo) -> list[EditOp]:
+        if len(value) > _limits(info).max_ops_per_edit:
+            raise ValueError(f"{len(value)} ops is more than the limit of {_limits(info).max_ops_per_edit}")
+        return value
+
+
+class GenStart(_Request):
+    type: Literal["gen.start"] = "gen.start"
+    doc_id: DocId
+    base_v: Version
+    params: GenParams = GenParams()
+
+
+class GenCancel(_Request):
+    type: Literal["gen.cancel"] = "gen.cancel"
+    gen: GenId
+
+
+class ProposalAccept(_Request):
+    """Apply a finished generation's proposal as one undo unit; `hunks` picks changed hunks (default: all)."""
+
+    type: Literal["proposal.accept"] = "proposal.accept"
+    gen: GenId
+    base_v: Version
+    hunks: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)] | None = None
+
+
+class ProposalReject(_Request):
+    type: Literal["proposal.reject"] = "proposal.reject"
+    gen: GenId
+
+
+class HistoryUndo(_Request):
+    type: Literal["history.undo"] = "history.undo"
+    doc_id: DocId
+
+
+class HistoryRedo(_Request):
+    type: Literal["history.redo"] = "history.redo"
+    doc_id: DocId
+
+
+class DocList(_Request):
+    type: Literal["doc.list"] = "doc.list"
+
+
+class Ping(_Request):
+    type: Literal["ping"] = "ping"
+
+
+ClientMessage = Annotated[
+    Hello
+    | DocOpen
+    | DocClose
+    | DocEdit
+    | GenStart
+    | GenCancel
+    | ProposalAccept
+    | ProposalReject
+    | HistoryUndo
+    | HistoryRedo
+    | DocList
+    | Ping,
+    Field(discriminator="type"),
+]
+CLIENT_MESSAGES: dict[str, type[_Request]] = {
+    m.model_fields["type"].default: m
+    for m in (Hello, DocOpen, DocClose, DocEdit, GenStart, GenCancel, ProposalAccept, ProposalReject, HistoryUndo,
+              HistoryRedo, DocList, Ping)
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Server -> client
+
+
+class _Reply(_Model):
+    re: RequestId | None = None
+
+
+class ServerInfo(_Model):
+    name: str
+    version: str
+
+
+class ModelInfo(_Model):
+    name: str
+    canvas_length: Annotated[int, Field(ge=1)]
+    modes: list[Mode]
+    # A server that predates model defaults sends none: it used the reference defaults.
+    defaults: GenDefaults = Field(
+        default_factory=lambda: GenDefaults(max_steps=48, entropy_bound=0.1, t_max=0.8, t_min=0.4)
+    )
+
+
+class Welcome(_Reply):
+    type: Literal["welcome"] = "welcome"
+    protocol: str = PROTOCOL
+    session: str
+    server: ServerInfo
+    model: ModelInfo
+    limits: Limits
+
+
+class Window(_Range):
+    """The canvas window in character offsets of the text."""
+
+
+class Span(_Range):
+    """A run of window text: `pinned` text the model keeps, or `free` text it rewrites. `slots` is the number of
+    canvas slots the run takes; a gap is a zero-width free span (`start == end`) with `slots` new tokens."""
+
+    kind: Literal["pinned", "free"]
+    slots: Annotated[int, Field(ge=0)] = 0
+
+
+class DocState(_Reply):
+    type: Literal["doc.state"] = "doc.state"
+    doc_id: DocId
+    v: Version
+    name: str = ""
+    text: str
+    window: Window
+    spans: list[Span] = []
+    can_undo: bool = False
+    can_redo: bool = False
+    gen: GenId | None = None  # the generation running on this document, if any
+
+
+class DocSummary(_Model):
+    doc_id: DocId
+    name: str = ""
+    v: Version
+    chars: Annotated[int, Field(ge=0)]
+    updated: float  # seconds since the epoch
+
+
+class DocListing(_Reply):
+    type: Literal["doc.listing"] = "doc.listing"
+    docs: list[DocSummary]
+
+
+class Ack(_Reply):
+    """The reply to requests that have no other result (doc.close, gen.cancel, proposal.reject)."""
+
+    type: Literal["ack"] = "ack"
+
+
+class GenAccepted(_Reply):
+    type: Literal["gen.accepted"] = "gen.accepted"
+    gen: GenId
+    doc_id: DocId
+    base_v: Version
+    params: GenParams  # resolved: the seed is filled in
+
+
+class SlotUpdate(_Model):
+    i: Annotated[int, Field(ge=0)]  # slot index inside the canvas window
+    token: int
+    text: str
+    entropy: Annotated[float, Field(ge=0)] | None = None
+    accepted: bool
+
+
+class GenProgress(_Reply):
+    """Changed slots since the previous frame of this generation. Frames are coalesced latest-wins: `merged` engine
+    frames went into this one. `seq` counts frames sent for the generation (1, 2, ...); a gap means a frame was lost
+    and the client must resynchronise (`doc.open`)."""
+
+    type: Literal["gen.progress"] = "gen.progress"
+    gen: GenId
+    seq: Annotated[int, Field(ge=1)]
+    step: Annotated[int, Field(ge=0)]
+    max_steps: Annotated[int, Field(ge=1)]
+    slots: list[SlotUpdate]
+    accepted: Annotated[int, Field(ge=0)] = 0  # free slots the sampler accepted at this step
+    free: Annotated[int, Field(ge=0)] = 0  # slots being generated
+    merged: Annotated[int, Field(ge=1)] = 1
+    elapsed_s: Annotated[float, Field(ge=0)] = 0.0
+
+
+class DiffSegment(_Model):
+    op: Literal["equal", "insert", "delete"]
+    text: str
+
+
+class Proposal(_Model):
+    """Replace `[start, end)` of the text at `base_v` with `text`; `diff` goes from the old to the new text.
+    A hunk is a maximal run of non-equal segments; `proposal.accept.hunks` indexes hunks from 0."""
+
+    base_v: Version
+    start: Offset
+    end: Offset
+    text: str
+    diff: list[DiffSegment]
+
+
+class GenStats(_Model):
+    steps: Annotated[int, Field(ge=0)]
+    tokens_per_forward: Annotated[float, Field(ge=0)]
+    tok_s: Annotated[float, Field(ge=0)]
+    wall_s: Annotated[float, Field(ge=0)]
+
+
+GenStatus = Literal["completed", "cancelled", "superseded", "stale", "failed"]
+
+
+class GenDone(_Reply):
+    """The one terminal event of every accepted generation, whatever happened to it."""
+
+    type: Literal["gen.done"] = "gen.done"
+    gen: GenId
+    doc_id: DocId
+    status: GenStatus
+    proposal: Proposal | None = None  # present when status is completed
+    stats: GenStats
+    message: str | None = None  # why, for stale and failed
+
+
+class Pong(_Reply):
+    type: Literal["pong"] = "pong"
+
+
+class ErrorReply(_Reply):
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    retryable: bool
+    data: dict[str, Any] | None = None
+
+
+ServerMessage = Annotated[
+    Welcome | DocState | DocListing | Ack | GenAccepted | GenProgress | GenDone | Pong | ErrorReply,
+    Field(discriminator="type"),
+]
+SERVER_MESSAGES: dict[str, type[_Reply]] = {
+    m.model_fields["type"].default: m
+    for m in (Welcome, DocState, DocListing, Ack, GenAccepted, GenProgress, GenDone, Pong, ErrorReply)
+}
