@@ -6,7 +6,8 @@ Each `step()` admits waiting requests, runs ONE batched decoder forward over eve
 stacked, right-padded and masked, each row at its own step of its own temperature schedule; the canvas is cut to
 the longest prefix of slots any row uses, so a short infill window costs a short forward), then samples,
 accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
-batched with. `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close.
+batched with. `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close,
+nor in the head of a gap that the sampler's `gap_min_fill` reserves for text.
 AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
 honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
 context is unchanged.
@@ -19,6 +20,7 @@ Run it synchronously with `run_until_idle()` or in a background thread with `sta
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -147,6 +149,7 @@ class _Row:
         self.pinned_ids = torch.zeros(L, dtype=torch.long, device=device)
         self.pinned_ids[:n] = torch.tensor(req.slot_ids, dtype=torch.long)
         self.noise = noise
+        self.no_null = self.null_banned()  # (L,) pins never change, so neither does this
         self.canvases: list[tuple[int, ...]] = []
         self.steps = self.forwards = self.generated = 0
         self.t0 = time.perf_counter()
@@ -167,12 +170,24 @@ class _Row:
     def free(self) -> Tensor:
         return ~self.pinned & self.valid
 
-    @property
-    def trailing_free(self) -> Tensor:
-        """(L,) bool: free slots after the last pinned one. A `<null>` (a gap's unused slot) has no meaning there:
-        no pinned text follows to close a gap, and training puts nulls only inside gaps, never in a continuation."""
+    def null_banned(self) -> Tensor:
+        """(L,) bool: free slots where `<null>` (a gap's unused slot) may not be sampled. After the last pin it has no
+        meaning: no pinned text follows to close a gap, and training puts nulls only inside gaps. Inside a gap (a run
+        of free slots with a pin after it) training puts the nulls after the infill, in at most `1 - gap_min_fill`
+        of the gap, so the gap's head holds text."""
         after_last_pin = torch.cumsum(self.pinned.flip(0).long(), 0).flip(0) == 0  # no pin at or after the slot
-        return self.free & after_last_pin
+        banned = self.free & after_last_pin
+        if self.cfg.gap_min_fill > 0:
+            free = self.free.tolist()
+            start = None
+            for i, f in enumerate(free + [False]):
+                if f and start is None:
+                    start = i
+                elif not f and start is not None:
+                    if i < self.used and bool(self.pinned[i]):  # a gap: closed by a pin
+                        banned[start : start + math.ceil(self.cfg.gap_min_fill * (i - start))] = True
+                    start = None
+        return banned
 
 
 class Engine:
@@ -327,7 +342,7 @@ class Engine:
         null_id = model.config.null_token_id
         if null_id is not None:
             # Finite, not -inf: the entropy terms stay 0 * -1e4 = 0 instead of 0 * -inf = nan.
-            banned = torch.stack([r.trailing_free[:n] for r in rows])  # (B, n)
+            banned = torch.stack([r.no_null[:n] for r in rows])  # (B, n)
             processed[..., null_id].masked_fill_(banned, _BANNED_LOGIT)
         new_soft = model.soft_embeddings(processed)  # (B, n, M): next step's self-conditioning
         self.forward_s += time.perf_counter() - t0

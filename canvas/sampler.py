@@ -44,6 +44,10 @@ class SamplerConfig:
     seed: int | None = None  # None: nondeterministic
     mode: Mode = "diffusion"
     ar_temperature: float = 0.0  # AR mode: 0 is greedy
+    # Share of each gap (a run of free slots with a pin after it) that must hold text: `<null>` is never sampled in
+    # its first ceil(gap_min_fill * size) slots. A model trained to leave at most a quarter of a gap null gets 0.75
+    # (its export writes it, in EXTRA_FILE); 0 leaves nulls free, as the reference (which has no gaps) does.
+    gap_min_fill: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= 1024:
@@ -60,6 +64,8 @@ class SamplerConfig:
             raise ValueError(f"mode must be 'diffusion' or 'ar', got {self.mode!r}")
         if self.ar_temperature < 0:
             raise ValueError(f"ar_temperature must be >= 0, got {self.ar_temperature}")
+        if not 0.0 <= self.gap_min_fill <= 1.0:
+            raise ValueError(f"gap_min_fill must be in [0, 1], got {self.gap_min_fill}")
 
     # ---- generation_config.json: a model's own sampler defaults (the file transformers' `generate` reads) ----------
     def to_generation_config(self) -> dict[str, Any]:
@@ -104,20 +110,47 @@ _GENERATION_KEYS = {
     "stability_threshold": "stability_threshold",
     "confidence_threshold": "confidence_threshold",
 }
+# Settings of ours that transformers' DiffusionGemma generation config would reject (it refuses unknown keys): they
+# live beside it in this file of the model directory.
+EXTRA_FILE = "dcanvas_sampler.json"
+_EXTRA_KEYS = ("gap_min_fill",)
+
+
+def extra_settings(cfg: SamplerConfig) -> dict[str, Any]:
+    """Our sampler settings that have no place in `generation_config.json`, for `EXTRA_FILE`."""
+    return {k: getattr(cfg, k) for k in _EXTRA_KEYS}
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    return raw
 
 
 def load_sampler_defaults(model_dir: str | Path) -> SamplerConfig:
-    """A model directory's sampler defaults from its `generation_config.json` (the reference defaults without one).
+    """A model directory's sampler defaults from its `generation_config.json` and `EXTRA_FILE` (the reference
+    defaults for whatever they leave out).
 
     Raises ValueError naming the file when it is unreadable JSON or holds values the sampler rejects."""
+    cfg = SamplerConfig()
     path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return SamplerConfig()
+    extra = Path(model_dir) / EXTRA_FILE
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(raw, dict):
-            raise ValueError("not a JSON object")
-        return SamplerConfig.from_generation_config(raw)
+        if path.is_file():
+            cfg = SamplerConfig.from_generation_config(_read_object(path))
+        path = extra
+        if extra.is_file():
+            raw = _read_object(extra)
+            fields: dict[str, Any] = {}
+            for key in _EXTRA_KEYS:
+                if key in raw:
+                    value = raw[key]
+                    if isinstance(value, bool) or not isinstance(value, (int, float)):
+                        raise ValueError(f"{key} must be a number, got {value!r}")
+                    fields[key] = float(value)
+            cfg = dataclasses.replace(cfg, **fields)
+        return cfg
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{path}: {exc}") from None
 

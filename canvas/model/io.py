@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from canvas.model.config import ModelConfig
 from canvas.model.model import DiffusionModel
-from canvas.sampler import SamplerConfig
+from canvas.sampler import EXTRA_FILE, SamplerConfig, extra_settings
 
 
 class WeightsError(ValueError):
@@ -184,7 +184,8 @@ def _fill(cfg: ModelConfig, src: _TensorSource, device: torch.device | str, dtyp
 
 
 def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: SamplerConfig | None = None) -> None:
-    """Write config.json, generation_config.json and model.safetensors in the transformers layout.
+    """Write config.json, generation_config.json and model.safetensors in the transformers layout, and our sampler
+    settings that transformers has no key for in `canvas.sampler.EXTRA_FILE`.
 
     `sampler` is the model's own sampler defaults for generation_config.json (the reference defaults if None)."""
     path = Path(path)
@@ -237,3 +238,4 @@ def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: Sampler
         "eos_token_id": list(cfg.eos_token_ids),
     }
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    (path / EXTRA_FILE).write_text(json.dumps(extra_settings(sampler or SamplerConfig()), indent=2) + "\n")

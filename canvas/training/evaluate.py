@@ -215,7 +215,9 @@ class Evaluator:
         if self.progress is not None:
             self.progress(f"{sample.task} {mode} steps={max_steps} bound={bound} #{index}")
         doc = sample.document(self.backend)
-        sampler = SamplerConfig(max_steps=max_steps, entropy_bound=bound, seed=self.cfg.seed + index, mode=mode)
+        # The model's own defaults (temperatures, gap fill) with this point's step budget and bound.
+        sampler = replace(self.backend.sampler_defaults, max_steps=max_steps, entropy_bound=bound,
+                          seed=self.cfg.seed + index, mode=mode)
         proposal, done, wall = self._generate(doc, sampler)
         region = proposal.regions[0]
         free_ids = done.canvases[0][region.slot_start : region.slot_end]

@@ -240,3 +240,31 @@ def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
     assert null not in cont.canvases[0]
     assert infill.canvases[0][4:12] == (null,) * 8
     assert null not in infill.canvases[0][16:]
+
+
+def test_gap_min_fill_keeps_the_head_of_a_gap_for_text(model: DiffusionModel, monkeypatch) -> None:
+    """With gap_min_fill, <null> may take only a gap's tail: the same null-loving model as above fills the first
+    ceil(0.75 * 8) = 6 slots of an 8-slot gap with text and may leave the last 2 null."""
+    import dataclasses
+
+    null = 3
+    nully = DiffusionModel(dataclasses.replace(model.config, null_token_id=null)).eval()
+    nully.load_state_dict(model.state_dict())
+    original = nully.denoise
+
+    def biased(*a, **k):
+        logits = original(*a, **k)
+        logits[..., null] += 40.0
+        return logits
+
+    monkeypatch.setattr(nully, "denoise", biased)
+    L = model.config.canvas_length
+    # A gap at the start of the canvas (closed by a pin), a pin, an 8-slot gap, a pin, then a free tail.
+    layout = (False,) * 4 + (True,) * 4 + (False,) * 8 + (True,) * 4 + (False,) * (L - 20)
+    slots = tuple(range(10, 10 + L))
+    req = GenRequest((2, 9, 4), slots, layout, SamplerConfig(max_steps=3, seed=1, gap_min_fill=0.75))
+    (done,), _ = run(Engine(nully), [req])
+    canvas = done.canvases[0]
+    assert null not in canvas[0:3] and canvas[3] == null  # ceil(0.75 * 4) = 3 slots of text
+    assert null not in canvas[8:14] and canvas[14:16] == (null, null)
+    assert null not in canvas[20:]

@@ -10,7 +10,7 @@ import torch
 
 from canvas.model import PRESETS, DiffusionModel, save_pretrained
 from canvas.protocol import GenDefaults, ModelInfo
-from canvas.sampler import SamplerConfig, load_sampler_defaults, select_accepted
+from canvas.sampler import EXTRA_FILE, SamplerConfig, load_sampler_defaults, select_accepted
 
 
 def test_generation_config_round_trip() -> None:
@@ -24,12 +24,20 @@ def test_generation_config_round_trip() -> None:
     )
 
 
+@pytest.mark.parametrize("fill", [-0.1, 1.5])
+def test_gap_min_fill_is_a_share(fill: float) -> None:
+    with pytest.raises(ValueError, match="gap_min_fill"):
+        SamplerConfig(gap_min_fill=fill)
+
+
 def test_save_pretrained_writes_the_model_defaults(tmp_path: Path) -> None:
     model = DiffusionModel(PRESETS["tiny"])
     save_pretrained(model, tmp_path / "reference")
     assert load_sampler_defaults(tmp_path / "reference") == SamplerConfig()
-    tuned = SamplerConfig(max_steps=12, entropy_bound=0.5)
+    tuned = SamplerConfig(max_steps=12, entropy_bound=0.5, gap_min_fill=0.75)
     save_pretrained(model, tmp_path / "tuned", sampler=tuned)
+    # gap_min_fill has no generation_config.json key (transformers refuses unknown ones): it lives beside it.
+    assert "gap_min_fill" not in json.loads((tmp_path / "tuned" / "generation_config.json").read_text())
     assert load_sampler_defaults(tmp_path / "tuned") == tuned
     gen = json.loads((tmp_path / "tuned" / "generation_config.json").read_text())
     assert gen["bos_token_id"] == PRESETS["tiny"].bos_token_id  # the token ids stay beside the sampler fields
@@ -46,6 +54,13 @@ def test_bad_generation_config_names_the_file(tmp_path: Path, content: str, why:
     with pytest.raises(ValueError, match=why) as info:
         load_sampler_defaults(tmp_path)
     assert "generation_config.json" in str(info.value)
+
+
+@pytest.mark.parametrize("content", ['{"gap_min_fill": "most"}', '{"gap_min_fill": 2}', "[]"])
+def test_bad_extra_sampler_file_names_the_file(tmp_path: Path, content: str) -> None:
+    (tmp_path / EXTRA_FILE).write_text(content)
+    with pytest.raises(ValueError, match=EXTRA_FILE):
+        load_sampler_defaults(tmp_path)
 
 
 def test_missing_generation_config_gives_the_reference_defaults(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 from rich.console import Console
 
 from canvas.model import DiffusionModel
+from canvas.sampler import load_sampler_defaults
 from canvas.training import export as export_mod
 from canvas.training.export import ExportError, export_run
 from canvas.training.tokenizer import load_tokenizer, special_ids
@@ -41,6 +42,8 @@ def test_export_loads_in_ours_and_transformers_with_the_same_logits(trained: Tra
     assert {"generation_config.json", "README.md", "loss_curve.csv", "tokenizer.json"} <= {
         p.name for p in out.iterdir()
     }
+    # The sampler keeps each gap's head for text, as the training layout does.
+    assert load_sampler_defaults(out).gap_min_fill == 1.0 - trained.cfg.corruption.max_null_frac
 
     tok = load_tokenizer(out)
     ours = DiffusionModel.from_pretrained(str(out))
