@@ -214,8 +214,8 @@ def test_forward_covers_only_used_slots(model: DiffusionModel, monkeypatch) -> N
     assert all(len(c[0]) == L for c in alone)
 
 
-def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
-    """A model that loves <null>: it may fill a gap closed by pinned text, never the free slots after the last pin."""
+def _null_loving(model: DiffusionModel, monkeypatch) -> tuple[DiffusionModel, int]:
+    """The model with token 3 as <null> and a +40 bias on it at every step: it would put <null> everywhere."""
     import dataclasses
 
     null = 3
@@ -229,6 +229,12 @@ def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
         return logits
 
     monkeypatch.setattr(nully, "denoise", biased)
+    return nully, null
+
+
+def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
+    """A model that loves <null>: it may fill a gap closed by pinned text, never the free slots after the last pin."""
+    nully, null = _null_loving(model, monkeypatch)
     L = model.config.canvas_length
     gap = (True,) * 4 + (False,) * 8 + (True,) * 4 + (False,) * (L - 16)  # a closed gap, then a free tail
     slots = tuple(range(10, 10 + L))
@@ -245,19 +251,7 @@ def test_null_only_inside_gaps(model: DiffusionModel, monkeypatch) -> None:
 def test_gap_min_fill_keeps_the_head_of_a_gap_for_text(model: DiffusionModel, monkeypatch) -> None:
     """With gap_min_fill, <null> may take only a gap's tail: the same null-loving model as above fills the first
     ceil(0.75 * 8) = 6 slots of an 8-slot gap with text and may leave the last 2 null."""
-    import dataclasses
-
-    null = 3
-    nully = DiffusionModel(dataclasses.replace(model.config, null_token_id=null)).eval()
-    nully.load_state_dict(model.state_dict())
-    original = nully.denoise
-
-    def biased(*a, **k):
-        logits = original(*a, **k)
-        logits[..., null] += 40.0
-        return logits
-
-    monkeypatch.setattr(nully, "denoise", biased)
+    nully, null = _null_loving(model, monkeypatch)
     L = model.config.canvas_length
     # A gap at the start of the canvas (closed by a pin), a pin, an 8-slot gap, a pin, then a free tail.
     layout = (False,) * 4 + (True,) * 4 + (False,) * 8 + (True,) * 4 + (False,) * (L - 20)
