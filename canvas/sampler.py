@@ -20,7 +20,9 @@ never builds a probability tensor. Legend: B rows, L canvas slots, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -89,12 +91,7 @@ class SamplerConfig:
         sampler = raw.get("sampler_config")
         if isinstance(sampler, dict) and "entropy_bound" in sampler:
             fields["entropy_bound"] = sampler["entropy_bound"]
-        for name, value in fields.items():
-            kind = int if name in ("max_steps", "stability_threshold") else float
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-                raise ValueError(f"{_GENERATION_KEYS.get(name, name)} must be a number, got {value!r}")
-            fields[name] = kind(value)
-        return dataclasses.replace(cls(), **fields)
+        return dataclasses.replace(cls(), **_numbers(fields, _GENERATION_KEYS))
 
     def temperature(self, remaining: int) -> Tensor:
         """Temperature when `remaining` steps are left (the reference counts down from max_steps to 1), as a 0-dim
@@ -121,11 +118,27 @@ def extra_settings(cfg: SamplerConfig) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in _EXTRA_KEYS}
 
 
-def _read_object(path: Path) -> dict[str, Any]:
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(raw, dict):
-        raise ValueError("not a JSON object")
-    return raw
+def _numbers(fields: dict[str, Any], file_keys: dict[str, str]) -> dict[str, Any]:
+    """Sampler fields read from a file, checked to be numbers (integers for the integer fields); errors name the
+    file's key for each field."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        kind = int if name in ("max_steps", "stability_threshold") else float
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise ValueError(f"{file_keys.get(name, name)} must be a number, got {value!r}")
+        out[name] = kind(value)
+    return out
+
+
+def _read(path: Path, parse: Callable[[dict[str, Any]], SamplerConfig]) -> SamplerConfig:
+    """`parse` of a JSON object file; any problem is a ValueError that names the file."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        return parse(raw)
+    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def load_sampler_defaults(model_dir: str | Path) -> SamplerConfig:
@@ -133,26 +146,13 @@ def load_sampler_defaults(model_dir: str | Path) -> SamplerConfig:
     defaults for whatever they leave out).
 
     Raises ValueError naming the file when it is unreadable JSON or holds values the sampler rejects."""
-    cfg = SamplerConfig()
-    path = Path(model_dir) / "generation_config.json"
-    extra = Path(model_dir) / EXTRA_FILE
-    try:
-        if path.is_file():
-            cfg = SamplerConfig.from_generation_config(_read_object(path))
-        path = extra
-        if extra.is_file():
-            raw = _read_object(extra)
-            fields: dict[str, Any] = {}
-            for key in _EXTRA_KEYS:
-                if key in raw:
-                    value = raw[key]
-                    if isinstance(value, bool) or not isinstance(value, (int, float)):
-                        raise ValueError(f"{key} must be a number, got {value!r}")
-                    fields[key] = float(value)
-            cfg = dataclasses.replace(cfg, **fields)
-        return cfg
-    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
-        raise ValueError(f"{path}: {exc}") from None
+    gen, extra = Path(model_dir) / "generation_config.json", Path(model_dir) / EXTRA_FILE
+    cfg = _read(gen, SamplerConfig.from_generation_config) if gen.is_file() else SamplerConfig()
+    return _read(extra, functools.partial(_with_extra, cfg)) if extra.is_file() else cfg
+
+
+def _with_extra(cfg: SamplerConfig, raw: dict[str, Any]) -> SamplerConfig:
+    return dataclasses.replace(cfg, **_numbers({k: raw[k] for k in _EXTRA_KEYS if k in raw}, {}))
 
 
 # ---- noise --------------------------------------------------------------------------------------------------------

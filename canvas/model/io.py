@@ -191,6 +191,7 @@ def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: Sampler
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
+    sampler = sampler or SamplerConfig()
     out: dict[str, torch.Tensor] = {}
 
     def put(name: str, t: torch.Tensor) -> None:
@@ -233,9 +234,9 @@ def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: Sampler
     save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
     gen = {
-        **(sampler or SamplerConfig()).to_generation_config(),
+        **sampler.to_generation_config(),
         "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
         "eos_token_id": list(cfg.eos_token_ids),
     }
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    (path / EXTRA_FILE).write_text(json.dumps(extra_settings(sampler or SamplerConfig()), indent=2) + "\n")
+    (path / EXTRA_FILE).write_text(json.dumps(extra_settings(sampler), indent=2) + "\n")

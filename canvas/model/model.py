@@ -16,7 +16,7 @@ D head dim, M hidden size, V vocabulary, E experts, K experts per token.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,9 @@ from canvas.model.config import ModelConfig, RopeConfig
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
 from kernels.soft_embed import soft_embedding
+
+if TYPE_CHECKING:
+    from canvas.sampler import SamplerConfig
 
 # Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
 # writes its cache here, `denoise` reads it, the training objective keeps graph-connected K/V.
@@ -203,10 +206,11 @@ class DiffusionModel(nn.Module):
 
         return load_pretrained(path, device=device, dtype=dtype)
 
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, *, sampler: SamplerConfig | None = None) -> None:
+        """Weights and config in the transformers layout, `sampler` as the model's defaults (see `canvas.model.io`)."""
         from canvas.model.io import save_pretrained
 
-        save_pretrained(self, path)
+        save_pretrained(self, path, sampler=sampler)
 
     @property
     def blocks(self) -> list[Block]:

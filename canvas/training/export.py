@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from canvas.model import DiffusionModel
-from canvas.model.io import save_pretrained
 from canvas.sampler import SamplerConfig
 from canvas.training.eval_report import PLACEHOLDER
 from canvas.training.tokens import file_sha256
@@ -166,7 +165,7 @@ def export_run(
     if out_dir.exists():
         shutil.rmtree(out_dir)
     # The sampler keeps a gap's head for text, as training did (at most max_null_frac of a gap is null).
-    save_pretrained(model, out_dir, sampler=SamplerConfig(gap_min_fill=1.0 - cfg.corruption.max_null_frac))
+    model.save_pretrained(str(out_dir), sampler=SamplerConfig(gap_min_fill=1.0 - cfg.corruption.max_null_frac))
     for f in TOKENIZER_FILES:
         shutil.copyfile(tok_dir / f, out_dir / f)
     history = trainer.state.history
