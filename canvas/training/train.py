@@ -47,6 +47,14 @@ MODEL_SHAPES: dict[str, dict[str, Any]] = {
         sliding_window=256, num_experts=8, top_k_experts=2, moe_intermediate_size=192, canvas_length=256,
         max_position_embeddings=8192, final_logit_softcapping=30.0,
     ),
+    # The larger variant for a GPU run (`canvas.training.gpu_job`): wider, twice the experts' width; 8.7M
+    # parameters, ~35 MB in fp32 (the committed model's limit is 40 MB), about 2x the CPU decoder step.
+    "canvas-9m": dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=64, global_head_dim=128, num_global_key_value_heads=1, layer_types=(SLIDING, FULL, SLIDING, FULL),
+        sliding_window=256, num_experts=8, top_k_experts=2, moe_intermediate_size=192, canvas_length=256,
+        max_position_embeddings=8192, final_logit_softcapping=30.0,
+    ),
     "tiny": {k: getattr(PRESETS["tiny"], k) for k in (
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "head_dim", "global_head_dim", "num_global_key_value_heads", "layer_types", "sliding_window", "num_experts",
@@ -91,6 +99,8 @@ class TrainConfig:
     # A warm start (`--init DIR`) continues an exported model's step count; its warmup restarts at that step
     # (fresh optimizer moments must not meet the full learning rate at once).
     rewarm_from: int = 0
+    # Autocast matmuls to bf16 (GPU runs; master weights and optimizer stay fp32). The CPU runs keep fp32.
+    bf16: bool = False
     corruption: CorruptionConfig = field(default_factory=CorruptionConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
@@ -231,7 +241,8 @@ class Trainer:
         if payload["model_config"] != self.model_config.to_hf_dict():
             raise ValueError(f"{self.checkpoint_path} holds another model shape or tokenizer; use another --run")
         self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        if "optimizer" in payload:  # a weights-only checkpoint (a GPU job's) restarts the optimizer's moments
+            self.optimizer.load_state_dict(payload["optimizer"])
         self.state = RunState(**payload["state"])
         return True
 
@@ -245,6 +256,9 @@ class Trainer:
             writer.writerows(self.state.history)
 
     # ---- steps ------------------------------------------------------------------------------------------------
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
     def batch(self, step: int, *, valid: bool = False, index: int = 0) -> tuple[Batch, torch.Generator]:
         data = self.valid_data if valid else self.train_data
         rng, gen = _step_generators(self.cfg.seed, index if valid else step, stream=1 if valid else 0)
@@ -266,7 +280,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr_at(step)
         self.model.train()
-        losses = compute_losses(self.model, batch, self.cfg.objective, gen)
+        with self.autocast():
+            losses = compute_losses(self.model, batch, self.cfg.objective, gen)
         self.optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
@@ -293,7 +308,8 @@ class Trainer:
         sums = {"valid_denoise": 0.0, "valid_ar": 0.0, "valid_denoise_noised": 0.0}
         for i in range(self.cfg.eval_batches):
             batch, gen = self.batch(0, valid=True, index=i)
-            losses = compute_losses(self.model, batch, no_sc, gen)
+            with self.autocast():
+                losses = compute_losses(self.model, batch, no_sc, gen)
             sums["valid_denoise"] += float(losses.denoise)
             sums["valid_ar"] += float(losses.ar)
             sums["valid_denoise_noised"] += losses.denoise_noised
