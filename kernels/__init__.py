@@ -4,8 +4,8 @@ Every op exposes `op(..., impl="auto"|"triton"|"ref")`: `auto` picks Triton on C
 the environment variable `DCANVAS_KERNELS` (`triton` or `ref`) forces a choice for the whole process.
 
 Ops (one module each; `<op>_ref` is the torch reference, `<op>_triton` the validating launcher):
-- `kernels.moe.fused_moe`: routed expert FFN (GELU-tanh gate) of the DiffusionGemma MoE block, plus
-  `moe_align_block_size`;
+- `kernels.moe.fused_moe`: routed expert FFN (GELU-tanh gate) of the DiffusionGemma MoE block, on
+  `kernels.moe_align.moe_align_block_size` (tokens grouped by expert, padded to the M tile);
 - `kernels.sampler_step.sampler_step`: softcap, temperature, Gumbel-max sample, argmax and entropy in one pass;
 - `kernels.soft_embed.soft_embedding`: softmax(logits) @ embedding for self-conditioning, no (N, V) softmax;
 - `kernels.rmsnorm.rms_norm` / `rms_norm_add`: DiffusionGemmaRMSNorm, alone or fused with the residual add.

@@ -24,8 +24,9 @@ def outputs() -> dict[str, torch.Tensor]:
     enc, cache = model.encode(prompt)
     dec = model.denoise(canvas, cache, sc)
     torch.manual_seed(2)
-    gen = generate_static(model, prompt, SamplerConfig(max_steps=3), max_new_tokens=cfg.canvas_length,
-                          noise=ReferenceNoise()).sequences
+    gen = generate_static(
+        model, prompt, SamplerConfig(max_steps=3), max_new_tokens=cfg.canvas_length, noise=ReferenceNoise()
+    ).sequences
     return {"encoder": enc, "decoder": dec, "tokens": gen}
 
 

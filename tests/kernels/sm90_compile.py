@@ -47,7 +47,8 @@ def _ints(names: str, kind: str = "i32") -> dict[str, str]:
 
 
 def moe_kernels(dtype: str) -> int:
-    from kernels.moe import _moe_align_kernel, _moe_down_kernel, _moe_gate_up_kernel, default_tiles
+    from kernels.moe import _moe_down_kernel, _moe_gate_up_kernel, default_tiles
+    from kernels.moe_align import _moe_align_kernel
 
     tiles = default_tiles(256 * 8, 128)
     meta = {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "DOT_FP32": dtype == "fp32"}

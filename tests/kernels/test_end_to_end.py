@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_triton_model_matches_reference(tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "DCANVAS_KERNELS": "triton", "PYTHONPATH": str(ROOT)}
     out = tmp_path / "triton.pt"
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.e2e_worker", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.e2e_worker", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     triton = torch.load(out)
     ref = outputs()

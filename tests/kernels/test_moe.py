@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.moe import MoeAlignment, MoeTiles, fused_moe, fused_moe_ref, fused_moe_triton, moe_align_block_size
+from kernels.moe import MoeTiles, fused_moe, fused_moe_ref, fused_moe_triton
+from kernels.moe_align import MoeAlignment, moe_align_block_size
 from tests.kernels.kernel_testing import TOLERANCES, requires_cuda
 
 
