@@ -229,11 +229,16 @@ def test_error_banner_broadcast_and_reconnect(page: Any, web_server: ServeProces
     open_page(page, web_server)
     doc_id = create_doc(page, TEXT)
 
-    # Nothing is masked: the server refuses to generate, and the page says so in an error banner.
-    page.click("#generate-btn")
+    # A gap over the server's limit: the server refuses the edit, the page says so in an error banner, and the
+    # document is untouched. (Not "generate with nothing masked": a model whose canvas is longer than the text
+    # continues it, so that is no error with the embedded model.)
+    page.fill("#sel-start", "0")
+    page.fill("#sel-end", "0")
+    page.fill("#gap-tokens", "1000000")
+    page.click("#gap-btn")
     banner = page.locator("#banners .banner.error")
-    expect(banner).to_contain_text("conflict")
-    expect(banner).to_contain_text("nothing to generate")
+    expect(banner).to_contain_text("more than the limit")
+    assert server_doc(web_server, doc_id).text == TEXT and server_doc(web_server, doc_id).v == 0
     banner.locator("button.dismiss").click()
     expect(banner).to_have_count(0)
 
