@@ -238,7 +238,8 @@ def test_error_banner_broadcast_and_reconnect(page: Any, web_server: ServeProces
     page.click("#gap-btn")
     banner = page.locator("#banners .banner.error")
     expect(banner).to_contain_text("more than the limit")
-    assert server_doc(web_server, doc_id).text == TEXT and server_doc(web_server, doc_id).v == 0
+    untouched = server_doc(web_server, doc_id)
+    assert untouched.text == TEXT and untouched.v == 0
     banner.locator("button.dismiss").click()
     expect(banner).to_have_count(0)
 
