@@ -88,7 +88,7 @@ async def test_open_pin_mask_generate_accept_undo_save(tmp_path: Path, server_ur
 
 
 async def test_cancel_mid_generation(tmp_path: Path, server_url: str) -> None:
-    # The random model never converges, so 256 steps run long enough to cancel in the middle.
+    # The random model never converges and steps are paced (conftest), so 256 steps last long enough to cancel.
     app = make_app(tmp_path, TEXT, server=server_url, settings=settings_file(tmp_path, max_steps=256))
     finished: list[GenFinished] = []
     async with app.run_test(
@@ -101,7 +101,7 @@ async def test_cancel_mid_generation(tmp_path: Path, server_url: str) -> None:
         await pilot.press("escape")
         await wait_until(pilot, lambda: screen.phase == "idle", "the cancel")
         done = [m.done for m in finished if m.done is not None]
-        assert [d.status for d in done] == ["cancelled"]
+        assert [d.status for d in done] == ["cancelled"], done
         assert done[0].stats.steps < 256
         assert screen.editor.display and not screen.canvas.display
         assert screen.editor.doc_text == TEXT and free_spans(app) == [(3, 7)]
@@ -182,6 +182,9 @@ async def test_view_shows_only_changed_lines(tmp_path: Path, server_url: str) ->
         await pilot.press("ctrl+g")  # nothing masked: a gap at the cursor
         await wait_until(pilot, lambda: screen.phase == "proposal", "the proposal")
         view: CanvasView = screen.canvas
-        assert view.layouts >= 2
-        per_layout = view.refreshed_lines / view.layouts
-        assert per_layout < 20, per_layout  # the document has 60 lines
+        # Frame layouts only: showing a new source (the live canvas, then the proposal) draws the whole view once.
+        counts = view.frame_refreshes
+        assert counts, "no frame reached the view before the proposal"
+        view_lines = len(body.splitlines()) + 1
+        assert max(counts) < view_lines // 2, counts  # never the whole view
+        assert sum(counts) / len(counts) < 20, counts

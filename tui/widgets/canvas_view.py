@@ -3,8 +3,11 @@
 A Line-API scroll view. Its source (`tui.live.LiveCanvas` or `ProposalView`) lays the document out as pieces;
 the view wraps them (`tui.render.wrap`) and draws one strip per visual line. Frames only mark the view dirty; a
 timer lays it out again at most `MAX_FPS` times a second and refreshes only the lines whose content changed
-(`refreshed_lines` counts them, for tests). Strips are cached by line content, so an unchanged line is never
-rendered twice. The document before and after the part a source can change is wrapped once per source and width.
+(`frame_refreshes` lists how many, one entry per frame layout, for tests). Lines after the changed part that only
+moved (the window wrapped to more or fewer lines) are repainted where they are visible; off screen they are drawn
+when scrolled to. A new source or a resize redraws everything and is not a frame layout. Strips are cached by
+line content, so an unchanged line is never rendered twice. The document before and after the part a source can
+change is wrapped once per source and width.
 
 Styles come from the `canvas-view--*` component classes in `app.tcss`; the entropy ramp is `tui.render`'s. In a
 proposal, a click puts the hunk under the pointer under the cursor, and dragging from one hunk to another marks
@@ -62,7 +65,7 @@ class CanvasView(ScrollView, can_focus=True):
         self._strips: LRUCache[tuple[Line, int], Strip] = LRUCache(1024)
         self._dirty = False
         self._press_hunk = -1
-        self.refreshed_lines = 0  # lines re-rendered because their content changed (tests read it)
+        self.frame_refreshes: list[int] = []  # per frame layout: lines repainted (tests read it)
         self.layouts = 0  # layouts done (at most MAX_FPS a second while frames arrive)
         self.live_frames_drawn = 0  # layouts that showed a newer frame of a generation
         self.last_live_text = ""  # the plain text of the latest such layout
@@ -81,7 +84,7 @@ class CanvasView(ScrollView, can_focus=True):
         self._static = None
         self._lines = []
         self._strips.clear()
-        self._layout()
+        self._layout(frame=False)
         focus = self._first_live_line()
         if focus is not None:
             self.scroll_to(y=max(0, focus - self.size.height // 3), animate=False)
@@ -94,7 +97,7 @@ class CanvasView(ScrollView, can_focus=True):
     def _flush(self) -> None:
         if self._dirty:
             self._dirty = False
-            self._layout()
+            self._layout(frame=True)
 
     def palette(self) -> dict[str, Style]:
         return {n: self.get_component_rich_style(f"canvas-view--{n}", partial=True) for n in STYLE_NAMES}
@@ -102,7 +105,7 @@ class CanvasView(ScrollView, can_focus=True):
     def _width(self) -> int:
         return max(8, self.scrollable_content_region.width or self.size.width or 80)
 
-    def _layout(self) -> None:
+    def _layout(self, frame: bool = False) -> None:
         source = self.source
         if source is None:
             new: list[Line] = []
@@ -130,10 +133,28 @@ class CanvasView(ScrollView, can_focus=True):
             self.last_live_text = "".join(text for line in new for text, _, _ in line)
             self.last_live_drafts = [display(d.text) or "·" for d in source.slots.values()]
         self.virtual_size = Size(self._width(), len(new))
-        for y in range(max(len(old), len(new))):
-            if y >= len(old) or y >= len(new) or old[y] != new[y]:
-                self.refreshed_lines += 1
-                self.refresh_line(y)
+        repainted = self._repaint(old, new)
+        if frame:
+            self.frame_refreshes.append(repainted)
+
+    def _repaint(self, old: list[Line], new: list[Line]) -> int:
+        """Refresh the lines of `new` that differ from `old`; return how many. The common head and tail are
+        aligned separately, so a change in line count repaints the moved tail only where it is on screen."""
+        head = 0
+        limit = min(len(old), len(new))
+        while head < limit and old[head] == new[head]:
+            head += 1
+        tail = 0
+        while tail < limit - head and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
+            tail += 1
+        changed = range(head, max(len(old), len(new)) - tail)  # new or different content (or lines removed)
+        moved = range(len(new) - tail, len(new)) if len(new) != len(old) else range(0)
+        top = self.scroll_offset.y
+        visible = range(top, top + max(1, self.size.height))
+        lines = set(changed) | {y for y in moved if y in visible}
+        for y in sorted(lines):
+            self.refresh_line(y)
+        return len(lines)
 
     def _first_live_line(self) -> int | None:
         for y, line in enumerate(self._lines):
@@ -160,7 +181,7 @@ class CanvasView(ScrollView, can_focus=True):
     def on_resize(self, event: events.Resize) -> None:
         self._static = None
         self._strips.clear()
-        self._layout()
+        self._layout(frame=False)
 
     # -- proposal interaction ----------------------------------------------------------------------------------
 
