@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("canvas.training.data", "register", "build the training corpus and tokenizer"),
     "train": ("canvas.training.train", "register", "train the default model"),
     "eval": ("canvas.training.evaluate", "register", "evaluate a model (infill, continuation, AR)"),
+    "convert": ("canvas.convert.cli", "register", "convert a Gemma 3 checkpoint into a DiffusionGemma model"),
+    "model": ("canvas.convert.cli", "register_model", "build the default model (Gemma-3-270M, converted)"),
 }
 
 

