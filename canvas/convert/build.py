@@ -153,7 +153,8 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     """Convert `source` into the directory `out` (written as `out.partial`, then renamed in); returns the anchor
     fits."""
     steps("converting (calibrating the value anchors on the committed passages)")
-    model, fits = convert_gemma3(source, calibration_ids(tok, cfg.calibration_tokens), cfg.convert)
+    convert = dataclasses.replace(cfg.convert, name=cfg.name)  # the model is known by its build's name
+    model, fits = convert_gemma3(source, calibration_ids(tok, cfg.calibration_tokens), convert)
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
