@@ -1,14 +1,20 @@
-"""Durable storage of documents: SQLite in WAL mode, one row per document plus an append-only log of edits.
+"""Durable storage of documents: SQLite in WAL mode, one row per document, an append-only log of edits, and the
+proposals of finished generations.
 
 Owns the database file and its schema. A document is stored as an opaque JSON state blob (what
 `canvas.document.Document.to_dict()` returns, undo history included) with its version `v`; every accepted
-edit is appended to `edits` (doc_id, v, ops as JSON, time) in the same transaction as the new state.
+edit is appended to `edits` (doc_id, v, ops as JSON, what it changed as JSON, time) in the same transaction as the
+new state, together with what the edit did to the document's proposals (moved them, made them stale, accepted
+one). A proposal row holds an opaque JSON body, its current range in the text, and its outcome (NULL while it
+is pending), so a restarted server rebases old versions and accepts old proposals exactly as before.
 
 Invariants:
 - Durability: `synchronous=FULL` in WAL mode, so once `save` has returned the write survives `kill -9` of the
   process (and a power cut, as far as the disk honours fsync). The server acknowledges an edit only after `save`.
 - Versions of a document only grow: `save` with `v` below the stored version raises `VersionRegression`;
   the same `v` again is allowed only without ops (re-saving a state, e.g. a new name).
+- A save is all or nothing: the state, its edit-log row and its proposal updates commit together.
+- Schema upgrades run in place when a file is opened (version 1 files gain the `change` column and `proposals`).
 - Thread safety: one connection, opened with `check_same_thread=False` and guarded by a `threading.Lock`. Every
   call is one short transaction (well under a millisecond plus one fsync), so the asyncio server may call it
   directly or through `asyncio.to_thread`; a connection per thread would buy nothing with SQLite's single writer.
@@ -20,12 +26,14 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -43,9 +51,23 @@ CREATE TABLE IF NOT EXISTS edits (
     doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
     v      INTEGER NOT NULL,
     ops    TEXT NOT NULL,
-    time   REAL NOT NULL
+    time   REAL NOT NULL,
+    change TEXT
 );
 CREATE INDEX IF NOT EXISTS edits_by_doc ON edits (doc_id, v);
+CREATE TABLE IF NOT EXISTS proposals (
+    gen     TEXT PRIMARY KEY,
+    doc_id  TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+    owner   TEXT NOT NULL,
+    body    TEXT,
+    start   INTEGER NOT NULL,
+    "end"   INTEGER NOT NULL,
+    stale   INTEGER NOT NULL DEFAULT 0,
+    outcome TEXT,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS proposals_by_doc ON proposals (doc_id, outcome);
 """
 
 
@@ -84,6 +106,35 @@ class EditRecord:
     v: int
     ops: list[Any]
     time: float
+    change: Any = None  # what the edit changed, as saved with it (None: nothing was saved)
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalRecord:
+    """A finished generation's proposal: `body` as saved (None once resolved), its range `[start, end)` in the
+    document's current text, whether a later change overlapped it, and its outcome (None while pending)."""
+
+    gen: str
+    doc_id: str
+    owner: str
+    body: Any
+    start: int
+    end: int
+    stale: bool
+    outcome: str | None
+
+
+# gen -> (start, end, stale): where a pending proposal now lies, after the change being saved.
+Positions = Mapping[str, tuple[int, int, bool]]
+
+
+_PROPOSAL_COLUMNS = 'gen, doc_id, owner, body, start, "end", stale, outcome'
+
+
+def _proposal(row: tuple[Any, ...]) -> ProposalRecord:
+    gen, doc_id, owner, body, start, end, stale, outcome = row
+    return ProposalRecord(gen, doc_id, owner, None if body is None else json.loads(body), start, end, bool(stale),
+                          outcome)  # fmt: skip
 
 
 def _encode(what: str, value: Any) -> str:
@@ -107,14 +158,34 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
+            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {row[0]}, this code reads {SCHEMA_VERSION}")
+            found = SCHEMA_VERSION if row is None else int(row[0])
+            if found not in (1, SCHEMA_VERSION):
+                raise StoreError(f"{self.path}: schema version {found}, this code reads {SCHEMA_VERSION}")
+            with self._transaction():  # one statement at a time: executescript would commit on its own
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                columns = {r[1] for r in self._db.execute("PRAGMA table_info(edits)")}
+                if "change" not in columns:  # a version 1 file: its edits predate change tracking (NULL)
+                    self._db.execute("ALTER TABLE edits ADD COLUMN change TEXT")
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
 
     # -- writing ---------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (the caller holds `_lock`)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def save(
         self,
@@ -125,11 +196,16 @@ class Store:
         *,
         name: str | None = None,
         chars: int | None = None,
+        change: Any = None,
+        positions: Positions | None = None,
+        resolved: Mapping[str, str] | None = None,
     ) -> None:
         """Store `state` as version `v` of `doc_id` and, when `ops` is given, log them as the edit that made `v`.
 
         Atomic and durable when it returns. `name` (for listings) is kept from the previous save when None;
-        `chars` (for listings) defaults to the length of `state["text"]` when the state has one.
+        `chars` (for listings) defaults to the length of `state["text"]` when the state has one. With the edit go
+        `change` (what it changed, any JSON value, stored beside its ops), `positions` (where the document's pending
+        proposals lie after it) and `resolved` (gen -> outcome: proposals it settled, e.g. the one it accepted).
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
@@ -137,48 +213,76 @@ class Store:
             raise ValueError(f"version must be a non-negative int (got {v!r})")
         blob = _encode("state", state)
         ops_blob = None if ops is None else _encode("ops", ops)
+        change_blob = None if change is None else _encode("change", change)
         if chars is None:
             text = state.get("text")
             chars = len(text) if isinstance(text, str) else 0
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                row = self._db.execute("SELECT v FROM documents WHERE doc_id=?", (doc_id,)).fetchone()
-                if row is None:
-                    self._db.execute(
-                        "INSERT INTO documents (doc_id, name, v, state, chars, created, updated) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (doc_id, name or "", v, blob, chars, now, now),
-                    )
-                else:
-                    if v < row[0] or (v == row[0] and ops is not None):
-                        raise VersionRegression(doc_id, v, row[0])
-                    self._db.execute(
-                        "UPDATE documents SET v=?, state=?, chars=?, updated=?, name=COALESCE(?, name) WHERE doc_id=?",
-                        (v, blob, chars, now, name, doc_id),
-                    )
-                if ops_blob is not None:
-                    self._db.execute(
-                        "INSERT INTO edits (doc_id, v, ops, time) VALUES (?, ?, ?, ?)", (doc_id, v, ops_blob, now)
-                    )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._lock, self._transaction():
+            row = self._db.execute("SELECT v FROM documents WHERE doc_id=?", (doc_id,)).fetchone()
+            if row is None:
+                self._db.execute(
+                    "INSERT INTO documents (doc_id, name, v, state, chars, created, updated) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (doc_id, name or "", v, blob, chars, now, now),
+                )
+            else:
+                if v < row[0] or (v == row[0] and ops is not None):
+                    raise VersionRegression(doc_id, v, row[0])
+                self._db.execute(
+                    "UPDATE documents SET v=?, state=?, chars=?, updated=?, name=COALESCE(?, name) WHERE doc_id=?",
+                    (v, blob, chars, now, name, doc_id),
+                )
+            if ops_blob is not None:
+                self._db.execute(
+                    "INSERT INTO edits (doc_id, v, ops, time, change) VALUES (?, ?, ?, ?, ?)",
+                    (doc_id, v, ops_blob, now, change_blob),
+                )
+            self._settle(doc_id, positions or {}, resolved or {}, now)
+
+    def _settle(self, doc_id: str, positions: Positions, resolved: Mapping[str, str], now: float) -> None:
+        self._db.executemany(
+            'UPDATE proposals SET start=?, "end"=?, stale=?, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL',
+            [(s, e, int(stale), now, gen, doc_id) for gen, (s, e, stale) in positions.items()],
+        )
+        # A settled proposal keeps its row (so a late request about it gets a precise answer) but not its body.
+        self._db.executemany(
+            "UPDATE proposals SET outcome=?, body=NULL, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL",
+            [(outcome, now, gen, doc_id) for gen, outcome in resolved.items()],
+        )
+
+    def add_proposal(
+        self, doc_id: str, gen: str, owner: str, body: Any, start: int, end: int, *, expire: Sequence[str] = ()
+    ) -> None:
+        """Store a pending proposal of `doc_id` (a finished generation `gen`, started by session `owner`) and, in
+        the same transaction, mark the pending proposals in `expire` as `expired`. Raises `DocumentNotFound`."""
+        blob = _encode("body", body)
+        now = time.time()
+        with self._lock, self._transaction():
+            if self._db.execute("SELECT 1 FROM documents WHERE doc_id=?", (doc_id,)).fetchone() is None:
+                raise DocumentNotFound(doc_id)
+            self._db.execute(
+                'INSERT INTO proposals (gen, doc_id, owner, body, start, "end", created, updated) '
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (gen, doc_id, owner, blob, start, end, now, now),
+            )
+            self._settle(doc_id, {}, {g: "expired" for g in expire}, now)
+
+    def resolve_proposal(self, doc_id: str, gen: str, outcome: str) -> bool:
+        """Settle a pending proposal without an edit (rejected, or found stale). Returns whether it was pending."""
+        with self._lock, self._transaction():
+            cur = self._db.execute(
+                "UPDATE proposals SET outcome=?, body=NULL, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL",
+                (outcome, time.time(), gen, doc_id),
+            )
+            return cur.rowcount > 0
 
     def delete(self, doc_id: str) -> bool:
-        """Remove a document and its edit log. Returns whether it existed."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("DELETE FROM edits WHERE doc_id=?", (doc_id,))
-                gone = self._db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,)).rowcount > 0
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-        return gone
+        """Remove a document, its edit log and its proposals. Returns whether it existed."""
+        with self._lock, self._transaction():
+            self._db.execute("DELETE FROM edits WHERE doc_id=?", (doc_id,))
+            self._db.execute("DELETE FROM proposals WHERE doc_id=?", (doc_id,))
+            return self._db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,)).rowcount > 0
 
     # -- reading ---------------------------------------------------------------------------------------------
 
@@ -220,9 +324,28 @@ class Store:
         """The logged edits of a document with version > `since_v`, oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT doc_id, v, ops, time FROM edits WHERE doc_id=? AND v>? ORDER BY seq", (doc_id, since_v)
+                "SELECT doc_id, v, ops, time, change FROM edits WHERE doc_id=? AND v>? ORDER BY seq",
+                (doc_id, since_v),
             ).fetchall()
-        return [EditRecord(r[0], int(r[1]), json.loads(r[2]), float(r[3])) for r in rows]
+        return [
+            EditRecord(r[0], int(r[1]), json.loads(r[2]), float(r[3]), None if r[4] is None else json.loads(r[4]))
+            for r in rows
+        ]
+
+    def proposals(self, doc_id: str) -> list[ProposalRecord]:
+        """The pending proposals of a document, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE doc_id=? AND outcome IS NULL ORDER BY rowid",
+                (doc_id,),
+            ).fetchall()
+        return [_proposal(r) for r in rows]
+
+    def proposal(self, gen: str) -> ProposalRecord | None:
+        """Generation `gen`'s proposal, pending or settled; None if it has none (or its document was deleted)."""
+        with self._lock:
+            row = self._db.execute(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE gen=?", (gen,)).fetchone()
+        return None if row is None else _proposal(row)
 
     # -- lifetime --------------------------------------------------------------------------------------------
 

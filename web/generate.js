@@ -158,7 +158,8 @@ export class Generator {
     }
   }
 
-  /** The connection dropped: every running generation is gone with it. */
+  /** The connection dropped: every running generation is gone with it. A pending proposal is not: the server
+   * keeps it (across a restart too), and once the page has reconnected it can still be accepted or rejected. */
   interrupted(reason) {
     this.cancelRequested = true;
     for (const [gen, entry] of this.byGen) {
@@ -166,7 +167,6 @@ export class Generator {
       entry.resolve(null);
       this.byGen.delete(gen);
     }
-    for (const view of this.views) if (view.pending) view.resolved("lost");
   }
 
   /** Another document was opened: stop what runs on the old one and clear the views. */

@@ -46,6 +46,7 @@ from canvas.document.errors import (
     WindowError,
 )
 from canvas.document.history import FORMAT
+from canvas.document.proposal import proposal_from_json, proposal_to_json
 from canvas.document.tokenizer import Encoded, HFTokenizer, TextTokenizer, atoms_from_ids, atoms_from_text
 from canvas.document.views import CanvasView, DiffChunk, FreeRegion, Proposal, RegionEdit, Span
 
@@ -84,4 +85,6 @@ __all__ = [
     "WindowError",
     "atoms_from_ids",
     "atoms_from_text",
+    "proposal_from_json",
+    "proposal_to_json",
 ]

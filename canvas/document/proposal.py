@@ -1,4 +1,5 @@
-"""Turning a generated canvas into the text of each free region, and the character diff of a proposal.
+"""Turning a generated canvas into the text of each free region, the character diff of a proposal, and the JSON
+form of a proposal (`proposal_to_json` / `proposal_from_json`, so that a pending one outlives a server restart).
 
 Null (gap) tokens are dropped wherever they appear in a region, so an infill can come out shorter than its gap
 (a model whose tokenizer has no null token fills exactly). An end-of-sequence id, when given, ends its region:
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from typing import Any
 
 from canvas.document.base import Atom
+from canvas.document.errors import StateError
+from canvas.document.history import atom_from_json, atom_to_json
 from canvas.document.tokenizer import TextTokenizer, atoms_from_ids
 from canvas.document.views import DiffChunk, DiffOp, Proposal, RegionEdit
 
@@ -66,3 +70,55 @@ def build_proposal(doc_id: str, version: int, text: str, edits: Sequence[RegionE
     new_text = "".join(pieces) + text[pos:end]
     old_text = text[start:end]
     return Proposal(doc_id, version, tuple(edits), start, end, old_text, new_text, char_diff(old_text, new_text))
+
+
+def proposal_to_json(p: Proposal) -> dict[str, Any]:
+    """Everything a `Proposal` holds, as JSON-serialisable data (atoms as in `Document.to_dict`)."""
+    return {
+        "doc_id": p.doc_id,
+        "base_version": p.base_version,
+        "regions": [
+            [r.slot_start, r.slot_end, r.char_start, r.char_end, [atom_to_json(a) for a in r.atoms], r.tail]
+            for r in p.regions
+        ],
+        "span": [p.start, p.end],
+        "old_text": p.old_text,
+        "new_text": p.new_text,
+        "diff": [[c.op, c.text] for c in p.diff],
+    }
+
+
+def proposal_from_json(x: Any) -> Proposal:
+    """Rebuild a proposal saved by `proposal_to_json`. Raises `StateError` on malformed data."""
+    keys = {"doc_id", "base_version", "regions", "span", "old_text", "new_text", "diff"}
+    if not isinstance(x, dict) or set(x) != keys:
+        raise StateError(f"a proposal is an object with keys {sorted(keys)}")
+    if not (isinstance(x["doc_id"], str) and _index(x["base_version"]) and isinstance(x["regions"], list)):
+        raise StateError("proposal: doc_id, base_version or regions is malformed")
+    if not (isinstance(x["span"], list) and len(x["span"]) == 2 and all(_index(v) for v in x["span"])):
+        raise StateError("proposal.span: expected [start, end]")
+    if not (isinstance(x["old_text"], str) and isinstance(x["new_text"], str) and isinstance(x["diff"], list)):
+        raise StateError("proposal: old_text, new_text or diff is malformed")
+    regions = []
+    for k, r in enumerate(x["regions"]):
+        if not (isinstance(r, list) and len(r) == 6 and all(_index(v) for v in r[:4]) and isinstance(r[4], list)
+                and isinstance(r[5], bool)):  # fmt: skip
+            raise StateError(f"proposal.regions[{k}]: expected [slot_start, slot_end, char_start, char_end, atoms, "
+                             "tail]")  # fmt: skip
+        atoms = tuple(atom_from_json(a, f"proposal.regions[{k}].atoms[{i}]") for i, a in enumerate(r[4]))
+        regions.append(RegionEdit(r[0], r[1], r[2], r[3], atoms, r[5]))
+    diff = []
+    for k, c in enumerate(x["diff"]):
+        if not (isinstance(c, list) and len(c) == 2 and c[0] in _DIFF_OPS and isinstance(c[1], str)):
+            raise StateError(f"proposal.diff[{k}]: expected [equal|insert|delete, text]")
+        diff.append(DiffChunk(c[0], c[1]))
+    start, end = x["span"]
+    return Proposal(x["doc_id"], x["base_version"], tuple(regions), start, end, x["old_text"], x["new_text"],
+                    tuple(diff))  # fmt: skip
+
+
+_DIFF_OPS = ("equal", "insert", "delete")
+
+
+def _index(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0

@@ -3,7 +3,8 @@
 A Starlette app on uvicorn (`app`): the web client at `/`, `/health`, `/schema`, and the websocket `/ws` that
 speaks dcanvas/1 (docs/protocol.md). Modules: `config` (ServerConfig), `security` (bind/token policy, Origin,
 rate limits), `backend` (model + engine + tokenizer), `state` (sessions, live documents), `hub` (request handlers),
-`gens` (one task per generation), `outbox` (per-connection sending with latest-wins progress), `rebase` (versions).
+`gens` (one task per generation), `proposals` (accept, reject), `persist` (change logs and proposals in the store),
+`outbox` (per-connection sending with latest-wins progress), `rebase` (versions).
 
 This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
 """

@@ -8,7 +8,8 @@ edit that makes it stale, or a new `gen.start` that supersedes it all stop it be
 stopped it, the engine still reports `Done` and the run still sends its one `gen.done` with the reason.
 
 While a run is going, a disjoint change may move the document on; the first such change snapshots the document
-at the run's base version, so the proposal is read back against the canvas the engine actually filled.
+at the run's base version, so the proposal is read back against the canvas the engine actually filled. A completed
+run's proposal is stored (`Proposals.add`) before its `gen.done` goes out.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Run:
     pinned: tuple[bool, ...]  # per slot in use
     handle: GenHandle | None = None
     reason: GenStatus | None = None  # why we stopped it: cancelled, superseded or stale
+    message: str | None = None  # what gen.done says about the reason, when there is more to say
     snapshot: Document | None = None  # the document at base_v, once it has moved on
     events: asyncio.Queue[Frame | Done] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
@@ -86,9 +88,9 @@ class Run:
     def n_free(self) -> int:
         return self.pinned.count(False)
 
-    def stop(self, reason: GenStatus) -> None:
+    def stop(self, reason: GenStatus, message: str | None = None) -> None:
         if self.reason is None:
-            self.reason = reason
+            self.reason, self.message = reason, message
         if self.handle is not None:
             self.handle.cancel()
 
@@ -103,8 +105,7 @@ class Generations:
 
     async def start(self, session: Session, msg: GenStart) -> None:
         hub = self.hub
-        live = await hub.live(msg.doc_id)
-        async with live.lock:
+        async with hub.locked(msg.doc_id) as live:
             doc = live.doc
             if msg.base_v != doc.version:
                 raise ProtocolError(
@@ -147,8 +148,8 @@ class Generations:
     async def cancel(self, session: Session, msg: GenCancel) -> Ack:
         run = self.runs.get(msg.gen)
         if run is None or run.session is not session:
-            if msg.gen in self.outcomes:
-                return Ack()  # already over: cancelling is idempotent
+            if msg.gen in self.outcomes or await asyncio.to_thread(self.hub.store.proposal, msg.gen) is not None:
+                return Ack()  # already over (it left a proposal, perhaps before a restart): cancelling is idempotent
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no generation {msg.gen!r} on this connection")
         run.stop("cancelled")
         return Ack()
@@ -235,10 +236,10 @@ class Generations:
             if run.session.id not in self.hub.sessions:
                 status = "cancelled"  # its session is gone: nobody could accept a proposal
             proposal: Proposal | None = None
-            message: str | None = None
+            message: str | None = run.message
             if status == "completed":
                 try:
-                    proposal = self._proposal(run, done)
+                    proposal = await self._proposal(run, done)
                 except DocumentError as e:
                     log.warning("generation %s: no proposal: %s", run.id, e)
                     status, message = "failed", f"the generation could not be read back: {e}"
@@ -248,7 +249,7 @@ class Generations:
                 message = "an edit overlapped the text being generated"
             self._close(run, status, proposal, done, message)
 
-    def _proposal(self, run: Run, done: Done) -> Proposal:
+    async def _proposal(self, run: Run, done: Done) -> Proposal:
         live, backend = run.live, self.hub.backend
         if not done.canvases:
             raise DocumentError("the engine returned no canvas")
@@ -256,7 +257,8 @@ class Generations:
         assert source is not None  # taken by before_change when the document first moved on
         made = backend.proposal(source, done.canvases[0][: len(run.pinned)])
         start, end = run.region  # the same span as made.start/end, moved over later disjoint changes
-        live.proposals[run.id] = PendingProposal(run.id, run.session, made, start, end)
+        # Stored before gen.done goes out: a client that saw the proposal can accept it even after a kill -9.
+        await self.hub.proposals.add(live, PendingProposal(run.id, run.session.id, made, start, end))
         segments = [DiffSegment(op=c.op, text=c.text) for c in made.diff]
         return Proposal(base_v=live.doc.version, start=start, end=end, text=made.new_text, diff=segments)
 

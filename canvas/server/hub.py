@@ -1,13 +1,15 @@
 """The server's state and request handlers: sessions, live documents, generations, proposals.
 
 Owns every document that a session has open (`LiveDoc`: the `canvas.document.Document`, its change log, its
-subscribers, its running generation and pending proposals) and the generations (`canvas.server.gens`). Handlers take
+subscribers, its running generation and pending proposals), the generations (`canvas.server.gens`) and the
+proposals they leave (`canvas.server.proposals`). Handlers take
 a parsed request and either return the reply or raise (`ProtocolError`, or a domain error that
 `canvas.protocol.error_for_exception` maps to a code); `handle` sends one or the other with `re`.
 
 Invariants:
-- One `asyncio.Lock` per document serialises its mutations; a mutation is acknowledged (reply and broadcast) only
-  after `Store.save` has returned, so a `kill -9` loses no acknowledged change.
+- One `asyncio.Lock` per document serialises its mutations (`locked`); a mutation is acknowledged (reply and
+  broadcast) only after `Store.save` has returned, so a `kill -9` loses no acknowledged change. The save carries
+  the change's measure and the moved proposals too, so a restarted server rebases exactly as this one would.
 - Every change is measured (`rebase.diff`) and recorded with the version it made; edits against an old version are
   rebased over those changes or refused with `stale_version`. A change that overlaps a running generation's region
   stops it (`stale`); one that overlaps a pending proposal makes accepting it fail with `stale_version`.
@@ -17,9 +19,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from canvas import __version__
@@ -48,8 +51,6 @@ from canvas.protocol import (
     Ping,
     PinOp,
     Pong,
-    ProposalAccept,
-    ProposalReject,
     ProtocolError,
     ReplaceOp,
     ServerInfo,
@@ -64,12 +65,15 @@ from canvas.protocol import (
 )
 from canvas.server.backend import Backend
 from canvas.server.gens import Generations
+from canvas.server.persist import encode_change, load_live, positions
+from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
 from canvas.server.security import token_ok
-from canvas.server.state import LiveDoc, PendingProposal, Session, snapshot
+from canvas.server.state import LiveDoc, Session, snapshot
 from canvas.store import Store
 
 log = logging.getLogger("canvas.server")
+__all__ = ["Hub", "compose", "to_doc_op"]  # compose lives in canvas.server.proposals; importing it here still works
 
 
 def to_doc_op(op: EditOp) -> Op:
@@ -104,6 +108,7 @@ class Hub:
         self.sessions: dict[str, Session] = {}
         self.docs: dict[str, LiveDoc] = {}
         self.gens = Generations(self)
+        self.proposals = Proposals(self)
         self._load_lock = asyncio.Lock()
         self._handlers: dict[str, Callable[[Session, Any], Awaitable[ServerReply | None]]] = {
             "hello": self._hello,
@@ -115,8 +120,8 @@ class Hub:
             "history.redo": self._redo,
             "gen.start": self.gens.start,
             "gen.cancel": self.gens.cancel,
-            "proposal.accept": self._accept,
-            "proposal.reject": self._reject,
+            "proposal.accept": self.proposals.accept,
+            "proposal.reject": self.proposals.reject,
             "ping": self._ping,
         }
 
@@ -130,10 +135,8 @@ class Hub:
         self.gens.stop_session(session)
         for doc_id in list(session.docs):
             live = self.docs.get(doc_id)
-            if live is not None:
+            if live is not None:  # its proposals stay: it may come back (or anyone may settle them now)
                 live.subscribers.discard(session)
-                for gen in [g for g, p in live.proposals.items() if p.session is session]:
-                    del live.proposals[gen]
                 self._maybe_unload(live)
         session.docs.clear()
 
@@ -182,21 +185,37 @@ class Hub:
         async with self._load_lock:  # two sessions opening one document must share one LiveDoc
             live = self.docs.get(doc_id)
             if live is None:
-                _, state = await asyncio.to_thread(self.store.load, doc_id)
-                doc = Document.from_dict(state, self.backend.tokenizer)
-                record = await asyncio.to_thread(self.store.info, doc_id)
-                live = LiveDoc(doc, record.name, snapshot(doc), ChangeLog(doc.version))
+                live = await asyncio.to_thread(load_live, self.store, doc_id, self.backend.tokenizer)
                 self.docs[doc_id] = live
             return live
 
+    @contextlib.asynccontextmanager
+    async def locked(self, doc_id: str) -> AsyncIterator[LiveDoc]:
+        """The document in memory with its lock held. A `LiveDoc` can be unloaded or deleted while a request waits
+        for its lock; the request then loads the document again (`DocumentNotFound` once it is deleted)."""
+        while True:
+            live = await self.live(doc_id)
+            async with live.lock:
+                if self.docs.get(doc_id) is live:
+                    yield live
+                    return
+
     def _maybe_unload(self, live: LiveDoc) -> None:
-        if not live.subscribers and live.run is None and not live.proposals:
-            self.docs.pop(live.doc_id, None)
+        # Pending proposals do not keep a document in memory: they are in the store and load with it.
+        if not live.subscribers and live.run is None and self.docs.get(live.doc_id) is live:
+            del self.docs[live.doc_id]
 
     async def mutate(
-        self, live: LiveDoc, apply: Callable[[], object], ops_json: list[Any], session: Session | None
+        self,
+        live: LiveDoc,
+        apply: Callable[[], object],
+        ops_json: list[Any],
+        session: Session | None,
+        *,
+        accepting: str | None = None,
     ) -> Change | None:
-        """Apply a change under the document's lock (held by the caller), then measure, save and broadcast it."""
+        """Apply a change under the document's lock (held by the caller), then measure, save and broadcast it.
+        `accepting`: the gen whose proposal the change applies (settled in the same transaction)."""
         doc = live.doc
         before = doc.version
         self.gens.before_change(live)
@@ -207,6 +226,9 @@ class Hub:
         change = diff(live.snap, after)
         live.snap = after
         live.log.record(doc.version, change)
+        if accepting is not None:
+            del live.proposals[accepting]
+            live.unsaved[accepting] = "accepted"
         if change is not None:
             self.gens.after_change(live, change)
             for p in live.proposals.values():
@@ -217,10 +239,15 @@ class Hub:
                     p.start, p.end = moved
         state = doc.to_dict()
         # If saving fails the request gets `internal` and nobody is told of the change; the next successful save
-        # writes the whole state, this one included (only its edit-log entry is missing).
+        # writes the whole state, this one included (only its edit-log entry is missing, so a restarted server
+        # cannot rebase across it), and the proposals it settled (`unsaved`).
+        settled = dict(live.unsaved)
         await asyncio.to_thread(
-            self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text)
-        )
+            self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text),
+            change=encode_change(change), positions=positions(live), resolved=settled,
+        )  # fmt: skip
+        for gen in settled:
+            live.unsaved.pop(gen, None)
         self.broadcast(live, exclude=session)
         return change
 
@@ -258,17 +285,16 @@ class Hub:
 
     async def _doc_open(self, session: Session, msg: DocOpen) -> DocState:
         if msg.doc_id is not None:
-            live = await self.live(msg.doc_id)
-            self._subscribe(session, live)
-            if msg.name is not None and msg.name != live.name:
-                async with live.lock:
+            async with self.locked(msg.doc_id) as live:
+                self._subscribe(session, live)
+                if msg.name is not None and msg.name != live.name:
                     live.name = msg.name
                     state = live.doc.to_dict()
                     await asyncio.to_thread(
                         self.store.save, live.doc_id, live.doc.version, state, None, name=msg.name,
                         chars=len(live.doc.text),
                     )
-            return self.state(live)
+                return self.state(live)
         text = msg.text or ""
         if len(text) > self.limits.max_doc_chars:
             raise ProtocolError(ErrorCode.TOO_LARGE, f"a document may hold {self.limits.max_doc_chars} characters")
@@ -303,8 +329,7 @@ class Hub:
         return DocListing(docs=docs)
 
     async def _doc_edit(self, session: Session, msg: DocEdit) -> DocState:
-        live = await self.live(msg.doc_id)
-        async with live.lock:
+        async with self.locked(msg.doc_id) as live:
             ops = self._rebased(live, msg.base_v, msg.ops)
             if _length_after(len(live.doc.text), ops) > self.limits.max_doc_chars:
                 raise ProtocolError(ErrorCode.TOO_LARGE, f"a document may hold {self.limits.max_doc_chars} characters")
@@ -332,8 +357,7 @@ class Hub:
         return moved
 
     async def _history(self, session: Session, doc_id: str, redo: bool) -> DocState:
-        live = await self.live(doc_id)
-        async with live.lock:
+        async with self.locked(doc_id) as live:
             step = live.doc.redo if redo else live.doc.undo
             await self.mutate(live, step, [{"op": "redo" if redo else "undo"}], session)
             return self.state(live)
@@ -344,73 +368,5 @@ class Hub:
     async def _redo(self, session: Session, msg: HistoryRedo) -> DocState:
         return await self._history(session, msg.doc_id, redo=True)
 
-    async def _accept(self, session: Session, msg: ProposalAccept) -> DocState:
-        live, p = self._proposal(session, msg.gen)
-        async with live.lock:
-            v = live.doc.version
-            if msg.base_v > v:
-                raise ProtocolError(ErrorCode.INVALID_PARAMS, f"base_v: {msg.base_v} is newer than the document (v{v})")
-            if p.stale:
-                del live.proposals[msg.gen]
-                self.gens.resolved(msg.gen, "stale")
-                raise ProtocolError(
-                    ErrorCode.STALE_VERSION,
-                    f"the text this proposal replaces was changed after generation {msg.gen}",
-                    data={"current_v": v},
-                )
-            doc = live.doc
-            if msg.hunks is None and doc.version == p.doc.base_version:
-                apply: Callable[[], object] = lambda: doc.apply_proposal(p.doc)  # noqa: E731 - exact tokens
-            else:
-                text = p.doc.new_text if msg.hunks is None else compose(p.doc.diff, msg.hunks)
-                # Over later disjoint changes the proposal lands as text: unmask its region, then replace it.
-                ops: list[Op] = [Unmask(p.start, p.end), Replace(p.start, p.end, text)]
-                apply = lambda: doc.apply(ops, label="generation")  # noqa: E731
-            record = {"op": "accept", "gen": msg.gen, "start": p.start, "end": p.end, "hunks": msg.hunks}
-            await self.mutate(live, apply, [record], session)
-            del live.proposals[msg.gen]
-            self.gens.resolved(msg.gen, "accepted")
-            return self.state(live)
-
-    async def _reject(self, session: Session, msg: ProposalReject) -> Ack:
-        live, _ = self._proposal(session, msg.gen)
-        del live.proposals[msg.gen]
-        self.gens.resolved(msg.gen, "rejected")
-        self._maybe_unload(live)
-        return Ack()
-
-    def _proposal(self, session: Session, gen: str) -> tuple[LiveDoc, PendingProposal]:
-        for live in self.docs.values():
-            p = live.proposals.get(gen)
-            if p is not None and p.session is session:
-                return live, p
-        outcome = self.gens.outcome(gen)
-        if outcome is not None:
-            raise ProtocolError(ErrorCode.CONFLICT, f"generation {gen} has no pending proposal ({outcome})")
-        raise ProtocolError(ErrorCode.NOT_FOUND, f"no generation {gen!r} on this connection")
-
     async def _ping(self, session: Session, msg: Ping) -> Pong:
         return Pong()
-
-
-def compose(diff_chunks: tuple[Any, ...], hunks: list[int]) -> str:
-    """The new text with only the chosen hunks (maximal runs of non-equal chunks, numbered from 0) applied."""
-    chosen = set(hunks)
-    out: list[str] = []
-    hunk = -1
-    in_hunk = False
-    for chunk in diff_chunks:
-        if chunk.op == "equal":
-            in_hunk = False
-            out.append(chunk.text)
-            continue
-        if not in_hunk:
-            hunk, in_hunk = hunk + 1, True
-        take = hunk in chosen
-        if (chunk.op == "insert") == take:
-            out.append(chunk.text)
-    if chosen and max(chosen) > hunk:
-        raise ProtocolError(
-            ErrorCode.INVALID_PARAMS, f"hunks: the proposal has {hunk + 1} hunks, not {max(chosen) + 1}"
-        )
-    return "".join(out)

@@ -210,6 +210,22 @@ class ChangeLog:
             v, _ = self._entries.popleft()
             self._first = v
 
+    @classmethod
+    def restore(cls, version: int, entries: Sequence[tuple[int, Change | None]], maxlen: int = 256) -> ChangeLog:
+        """The log of a document now at `version`, rebuilt from saved `(version, change)` entries, oldest first.
+
+        Only the unbroken run of entries that ends at `version` counts (at most `maxlen` of them): a version with
+        no entry (its record was lost) is as far back as a request can be rebased from, as after `maxlen` changes.
+        """
+        kept: list[tuple[int, Change | None]] = []
+        for v, change in reversed(entries):
+            if v != version - len(kept) or len(kept) == maxlen:
+                break
+            kept.append((v, change))
+        log = cls(version - len(kept), maxlen)
+        log._entries.extend(reversed(kept))
+        return log
+
     def since(self, base_v: int) -> list[Change] | None:
         """Changes after `base_v`, oldest first; None when the log no longer reaches back that far."""
         if base_v < self._first:

@@ -46,8 +46,13 @@ class Session:
 
 @dataclass
 class PendingProposal:
+    """A finished generation's proposal, waiting for `proposal.accept` or `proposal.reject` (kept in the store too).
+
+    It belongs to `owner`, the session that started the generation, while that session is connected; once it
+    is gone (a dropped connection, a server restart) any session may settle it by its gen id."""
+
     gen: str
-    session: Session
+    owner: str  # Session.id
     doc: DocProposal  # as the document made it, at `doc.base_version`
     start: int  # the replaced range in the current text (moved over later disjoint changes)
     end: int
@@ -63,7 +68,8 @@ class LiveDoc:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     subscribers: set[Session] = field(default_factory=set)
     run: Any = None  # the running canvas.server.gens.Run, if any
-    proposals: dict[str, PendingProposal] = field(default_factory=dict)
+    proposals: dict[str, PendingProposal] = field(default_factory=dict)  # oldest first
+    unsaved: dict[str, str] = field(default_factory=dict)  # gen -> outcome settled here but not yet in the store
 
     @property
     def doc_id(self) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,12 @@ from canvas.server.app import create_app
 from canvas.server.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.server.config import ServerConfig
 from canvas.store import Store
+from tests.canvas.wsconn import TEXT, Conn, Factory, served
+from tests.canvas.wsconn import edit as _edit
+from tests.canvas.wsconn import generate as _generate
+from tests.canvas.wsconn import open_doc as _open
 
 pytestmark = pytest.mark.timeout(120)
-TEXT = "The cat sat on the mat. It was a warm day."
 
 
 @pytest.fixture(scope="module")
@@ -31,58 +34,10 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Backend:
     return load_backend(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model")), max_batch=4)
 
 
-Factory = Callable[..., TestClient]
-
-
 @pytest.fixture
 def serve(backend: Backend, tmp_path: Path) -> Iterator[Factory]:
-    clients: list[TestClient] = []
-
-    def make(store: Store | None = None, **overrides: Any) -> TestClient:
-        fields: dict[str, Any] = {"db": ":memory:", "port": 8765, "hosts": ("testserver",), "web_dir": str(tmp_path)}
-        config = ServerConfig(**{**fields, **overrides})
-        client = TestClient(create_app(config, backend=backend, store=store))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for c in clients:
-        c.__exit__(None, None, None)
-
-
-class Conn:
-    """A test websocket: `rpc` sends a request and returns its reply, keeping everything else in `events`."""
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.events: list[dict[str, Any]] = []
-        self._ids = iter(range(1, 1 << 30))
-
-    def send(self, msg: dict[str, Any]) -> int:
-        rid = next(self._ids)
-        self.ws.send_text(json.dumps({**msg, "id": rid}))
-        return rid
-
-    def reply(self, rid: Any) -> dict[str, Any]:
-        while True:
-            msg = self.ws.receive_json()
-            if msg.get("re") == rid and msg["type"] not in ("gen.progress", "gen.done"):
-                return msg
-            self.events.append(msg)
-
-    def rpc(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return self.reply(self.send(msg))
-
-    def until(self, kind: str, **match: Any) -> dict[str, Any]:
-        for i, ev in enumerate(self.events):
-            if ev["type"] == kind and all(ev.get(k) == v for k, v in match.items()):
-                return self.events.pop(i)
-        while True:
-            msg = self.ws.receive_json()
-            if msg["type"] == kind and all(msg.get(k) == v for k, v in match.items()):
-                return msg
-            self.events.append(msg)
+    with served(backend, tmp_path) as make:
+        yield make
 
 
 @pytest.fixture
@@ -92,32 +47,6 @@ def conn(serve: Factory) -> Iterator[Conn]:
         c = Conn(ws)
         assert c.rpc({"type": "hello", "protocol": "dcanvas/1"})["type"] == "welcome"
         yield c
-
-
-def _open(c: Conn, text: str = TEXT) -> dict[str, Any]:
-    state = c.rpc({"type": "doc.open", "text": text, "name": "t"})
-    assert state["type"] == "doc.state", state
-    return state
-
-
-def _edit(c: Conn, state: dict[str, Any], *ops: dict[str, Any], base_v: int | None = None) -> dict[str, Any]:
-    v = state["v"] if base_v is None else base_v
-    return c.rpc({"type": "doc.edit", "doc_id": state["doc_id"], "base_v": v, "ops": list(ops)})
-
-
-def _generate(c: Conn, state: dict[str, Any], **params: Any) -> tuple[dict[str, Any], list[dict[str, Any]], dict]:
-    rid = c.send({"type": "gen.start", "doc_id": state["doc_id"], "base_v": state["v"], "params": params})
-    accepted = c.reply(rid)
-    assert accepted["type"] == "gen.accepted", accepted
-    frames = []
-    while True:
-        msg = c.ws.receive_json()
-        if msg.get("gen") != accepted["gen"]:
-            c.events.append(msg)
-        elif msg["type"] == "gen.progress":
-            frames.append(msg)
-        elif msg["type"] == "gen.done":
-            return accepted, frames, msg
 
 
 # -- handshake -------------------------------------------------------------------------------------------------

@@ -155,3 +155,39 @@ def test_change_log_reaches_back_only_so_far() -> None:
 @pytest.mark.parametrize("ops", [[MaskOp(start=0, end=1)], [InsertGapOp(at=0, n_tokens=1)]])
 def test_no_changes_means_no_move(ops: list[EditOp]) -> None:
     assert rebase_ops(ops, []) == ops
+
+
+def test_a_restored_log_answers_like_the_one_it_was_saved_from() -> None:
+    live = ChangeLog(version=0, maxlen=3)
+    saved: list[tuple[int, Change | None]] = []
+    for v, c in enumerate([Change(0, 1, 1), None, Change(4, 4, 6), Change(2, 3, 3)], start=1):
+        live.record(v, c)
+        saved.append((v, c))
+    restored = ChangeLog.restore(4, saved, maxlen=3)
+    for base in range(6):
+        assert restored.since(base) == live.since(base), base
+    assert restored.since(0) is None and restored.since(1) == [Change(4, 4, 6), Change(2, 3, 3)]
+
+
+def test_a_restored_log_stops_at_a_missing_version() -> None:
+    # Version 3's entry was never saved: nothing before it can be rebased over.
+    log = ChangeLog.restore(5, [(1, Change(0, 1, 1)), (2, None), (4, Change(2, 2, 3)), (5, Change(7, 8, 8))])
+    assert log.since(2) is None and log.since(3) == [Change(2, 2, 3), Change(7, 8, 8)]
+    assert ChangeLog.restore(5, []).since(4) is None and ChangeLog.restore(5, []).since(5) == []
+    # Entries past the version the document is at (there are none in a consistent store) count as a break too.
+    assert ChangeLog.restore(1, [(1, None), (2, None)]).since(0) is None
+
+
+def test_change_log_from_stored_edits() -> None:
+    from canvas.document import StateError
+    from canvas.server.persist import change_log, decode_change, encode_change
+    from canvas.store import EditRecord
+
+    assert decode_change(encode_change(Change(1, 2, 5))) == Change(1, 2, 5)
+    assert decode_change(encode_change(None)) is None
+    with pytest.raises(StateError):
+        decode_change([1, 2])
+    records = [EditRecord("d", 1, [], 0.0, [0, 1, 1]), EditRecord("d", 2, [], 0.0, None),  # 2: saved unmeasured
+               EditRecord("d", 3, [], 0.0, [4, 4, 5]), EditRecord("d", 4, [], 0.0, [])]  # fmt: skip
+    log = change_log(4, records)
+    assert log.since(1) is None and log.since(2) == [Change(4, 4, 5)] and log.since(4) == []

@@ -1,4 +1,5 @@
-"""The SQLite document store: round trips, version rules, the edit log, threads, and durability under kill -9."""
+"""The SQLite document store: round trips, version rules, the edit log, proposals, schema upgrades, threads, and
+durability under kill -9."""
 
 from __future__ import annotations
 
@@ -183,3 +184,69 @@ def test_info(store: Store) -> None:
     assert (info.doc_id, info.name, info.v, info.chars) == ("d", "n", 0, 3) and info.created <= info.updated
     with pytest.raises(DocumentNotFound):
         store.info("missing")
+
+
+def test_proposals_move_and_settle_in_the_transaction_of_their_edit(store: Store) -> None:
+    store.save("d", 0, _state("abc"))
+    store.add_proposal("d", "g-1", "s-a", {"any": "json"}, 1, 2)
+    store.add_proposal("d", "g-2", "s-a", [1, 2], 0, 1)
+    assert [(p.gen, p.start, p.end, p.stale, p.outcome) for p in store.proposals("d")] == [
+        ("g-1", 1, 2, False, None),
+        ("g-2", 0, 1, False, None),
+    ]
+    store.save("d", 1, _state("xabc"), [{"op": "x"}], change=[0, 0, 1], positions={"g-1": (2, 3, False),
+               "g-2": (0, 2, True)}, resolved={})  # fmt: skip
+    assert store.edits("d")[0].change == [0, 0, 1]
+    with pytest.raises(VersionRegression):  # a failed save moves and settles nothing
+        store.save("d", 1, _state("y"), [{"op": "y"}], positions={"g-1": (9, 9, True)}, resolved={"g-2": "accepted"})
+    assert [(p.start, p.end, p.stale) for p in store.proposals("d")] == [(2, 3, False), (0, 2, True)]
+    store.save("d", 2, _state("xaXc"), [{"op": "accept"}], change=[2, 3, 3], resolved={"g-1": "accepted"})
+    assert [p.gen for p in store.proposals("d")] == ["g-2"]
+    settled = store.proposal("g-1")
+    assert settled is not None and (settled.outcome, settled.body) == ("accepted", None)
+    assert store.resolve_proposal("d", "g-2", "stale") is True
+    assert store.resolve_proposal("d", "g-2", "rejected") is False  # settled once only
+    assert store.proposals("d") == [] and store.proposal("nope") is None
+
+
+def test_adding_a_proposal_can_expire_old_ones_and_needs_its_document(store: Store) -> None:
+    store.save("d", 0, _state(""))
+    store.add_proposal("d", "g-1", "s", {}, 0, 0)
+    store.add_proposal("d", "g-2", "s", {}, 0, 0, expire=["g-1"])
+    assert [p.gen for p in store.proposals("d")] == ["g-2"]
+    assert store.proposal("g-1").outcome == "expired"  # type: ignore[union-attr]
+    with pytest.raises(DocumentNotFound):
+        store.add_proposal("missing", "g-3", "s", {}, 0, 0)
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_proposal("d", "g-2", "s", {}, 0, 0)  # a gen id is one proposal
+    assert store.delete("d") is True
+    assert store.proposal("g-2") is None  # deleted with its document
+
+
+def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema_version', '1');
+        CREATE TABLE documents (doc_id TEXT PRIMARY KEY, name TEXT NOT NULL DEFAULT '', v INTEGER NOT NULL,
+            state TEXT NOT NULL, chars INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
+        CREATE TABLE edits (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            v INTEGER NOT NULL, ops TEXT NOT NULL, time REAL NOT NULL);
+        INSERT INTO documents VALUES ('d', 'old', 1, '{"text": "ab"}', 2, 0, 0);
+        INSERT INTO edits (doc_id, v, ops, time) VALUES ('d', 1, '[{"op": "replace"}]', 0);
+        """
+    )
+    db.commit()
+    db.close()
+    with Store(path) as s:
+        assert s.load("d") == (1, {"text": "ab"})
+        [old] = s.edits("d")
+        assert (old.v, old.change) == (1, None)  # logged before changes were measured
+        s.save("d", 2, {"text": "abc"}, [{"op": "replace"}], change=[2, 2, 3])
+        s.add_proposal("d", "g-1", "s", {}, 0, 1)
+        assert s._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"
+    with Store(path) as s:  # and opens again as a version 2 file
+        assert [e.change for e in s.edits("d")] == [None, [2, 2, 3]] and len(s.proposals("d")) == 1

@@ -1,0 +1,62 @@
+"""What the server keeps in the store beside each document, and how a `LiveDoc` is rebuilt from it.
+
+Owns the stored forms of a change (`[start, end, new_end]`, `[]` for a version bump that changed nothing
+measurable) and of a pending proposal (`canvas.document.proposal_to_json`), and `load_live`, which reads a
+document back with its recent change log and its pending proposals. So a restarted server rebases a request made
+against an old version, and accepts a proposal made before the restart, exactly as the server that made them would.
+
+Invariant: everything stored here is written in the same transaction as the document version it belongs to
+(`Hub.mutate`), or on its own when no version changes (a proposal added, rejected or expired).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from canvas.document import Document, StateError, TextTokenizer, proposal_from_json
+from canvas.server.rebase import Change, ChangeLog
+from canvas.server.state import LiveDoc, PendingProposal, snapshot
+from canvas.store import EditRecord, Positions, Store
+
+LOG_LENGTH = 256  # changes a document remembers for rebasing (docs/protocol.md says 256)
+
+
+def encode_change(change: Change | None) -> list[int]:
+    return [] if change is None else [change.start, change.end, change.new_end]
+
+
+def decode_change(value: Any) -> Change | None:
+    if value == []:
+        return None
+    if isinstance(value, list) and len(value) == 3 and all(type(x) is int and x >= 0 for x in value):
+        return Change(value[0], value[1], value[2])
+    raise StateError(f"a stored change is [start, end, new_end] or [], not {value!r:.60}")
+
+
+def change_log(version: int, records: Sequence[EditRecord]) -> ChangeLog:
+    """The change log of a document at `version` from its last logged edits (oldest first)."""
+    entries: list[tuple[int, Change | None]] = []
+    for r in records:
+        if r.change is None:
+            entries.clear()  # saved without its change (a version 1 store): nothing before it can be rebased over
+        else:
+            entries.append((r.v, decode_change(r.change)))
+    return ChangeLog.restore(version, entries, LOG_LENGTH)
+
+
+def positions(live: LiveDoc) -> Positions:
+    return {gen: (p.start, p.end, p.stale) for gen, p in live.proposals.items()}
+
+
+def load_live(store: Store, doc_id: str, tokenizer: TextTokenizer) -> LiveDoc:
+    """Read a document, its change log and its pending proposals (blocking: run it in a thread).
+    Raises `DocumentNotFound`, or `StateError` for a corrupt row."""
+    _, state = store.load(doc_id)
+    doc = Document.from_dict(state, tokenizer)
+    record = store.info(doc_id)
+    log = change_log(doc.version, store.edits(doc_id, since_v=max(0, doc.version - LOG_LENGTH)))
+    live = LiveDoc(doc, record.name, snapshot(doc), log)
+    for p in store.proposals(doc_id):
+        live.proposals[p.gen] = PendingProposal(p.gen, p.owner, proposal_from_json(p.body), p.start, p.end, p.stale)
+    return live
