@@ -97,6 +97,11 @@ class TrainConfig:
     rewarm_from: int = 0
     # Autocast matmuls to bf16 (GPU runs; master weights and optimizer stay fp32). The CPU runs keep fp32.
     bf16: bool = False
+    # Fine-tuning a converted model (`dcanvas model build`'s directory): its matrices frozen under low-rank
+    # adapters, its new parts trained whole (canvas.training.adapt). None: train `model` from scratch.
+    base: str | None = None
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
     corruption: CorruptionConfig = field(default_factory=CorruptionConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
@@ -138,9 +143,23 @@ def _step_generators(seed: int, step: int, stream: int = 0) -> tuple[np.random.G
     return rng, gen
 
 
+def _base_config(base: Path, special: dict[str, int], vocab_size: int) -> ModelConfig:
+    """The converted model's config, checked against the token arrays it will be trained on."""
+    from canvas.model.io import read_config
+
+    cfg = read_config(base)
+    ours = {"pad": cfg.pad_token_id, "bos": cfg.bos_token_id, "eos": cfg.eos_token_ids[0], "null": cfg.null_token_id}
+    if cfg.vocab_size != vocab_size or any(ours[k] != special[k] for k in ours):
+        raise ValueError(f"{base}: vocabulary {cfg.vocab_size} / special ids {ours} differ from the token arrays' "
+                         f"({vocab_size} / {special}); tokenize the corpus with this model's tokenizer")
+    return cfg
+
+
 def param_groups(model: DiffusionModel, weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW groups over the trainable parameters: matrices decay, norms and scales do not."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2]
+    other = [p for p in trainable if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
 
 
@@ -161,15 +180,25 @@ class Trainer:
         self.train_data = TokenArrays.open(cfg.tokens_dir, "train")
         self.valid_data = TokenArrays.open(cfg.tokens_dir, "valid")
         special = self.train_data.special_ids
-        self.model_config = model_config(cfg.model, special, int(self.train_data.meta["vocab_size"]))
+        if cfg.base is not None:
+            self.model_config = _base_config(Path(cfg.base), special, int(self.train_data.meta["vocab_size"]))
+        else:
+            self.model_config = model_config(cfg.model, special, int(self.train_data.meta["vocab_size"]))
         if self.model_config.canvas_length != cfg.corruption.canvas_length:
             # The model decides the canvas; training canvases must match it.
             corruption = dataclasses.replace(cfg.corruption, canvas_length=self.model_config.canvas_length)
             cfg = self.cfg = dataclasses.replace(cfg, corruption=corruption)
         torch.manual_seed(cfg.seed)
-        with torch.device(self.device):
-            self.model = DiffusionModel(self.model_config, init=False)
-        self.model.reset_parameters(std=cfg.init_std, generator=torch.Generator(self.device).manual_seed(cfg.seed))
+        if cfg.base is not None:
+            from canvas.training.adapt import attach_lora
+
+            self.model = DiffusionModel.from_pretrained(cfg.base, device=self.device)
+            attach_lora(self.model, cfg.lora_rank, cfg.lora_alpha, seed=cfg.seed)
+        else:
+            with torch.device(self.device):
+                self.model = DiffusionModel(self.model_config, init=False)
+            self.model.reset_parameters(std=cfg.init_std,
+                                        generator=torch.Generator(self.device).manual_seed(cfg.seed))
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8
         )
@@ -216,7 +245,7 @@ class Trainer:
     def save(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         payload = {
-            "model": self.model.state_dict(),
+            "model": self._model_state(),
             "optimizer": self.optimizer.state_dict(),
             "state": asdict(self.state),
             "train_config": self.cfg.to_json(),
@@ -236,11 +265,24 @@ class Trainer:
         payload = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
         if payload["model_config"] != self.model_config.to_hf_dict():
             raise ValueError(f"{self.checkpoint_path} holds another model shape or tokenizer; use another --run")
-        self.model.load_state_dict(payload["model"])
+        if self.cfg.base is not None:
+            from canvas.training.adapt import load_adapter_tensors
+
+            load_adapter_tensors(self.model, payload["model"])
+        else:
+            self.model.load_state_dict(payload["model"])
         if "optimizer" in payload:  # a weights-only checkpoint (a GPU job's) restarts the optimizer's moments
             self.optimizer.load_state_dict(payload["optimizer"])
         self.state = RunState(**payload["state"])
         return True
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps: every weight, or only the trained ones when fine-tuning a frozen base."""
+        if self.cfg.base is not None:
+            from canvas.training.adapt import adapter_tensors
+
+            return adapter_tensors(self.model)
+        return self.model.state_dict()
 
     def write_curve(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +322,8 @@ class Trainer:
             losses = compute_losses(self.model, batch, self.cfg.objective, gen)
         self.optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, self.cfg.grad_clip))
         self.optimizer.step()
         self.state.step += 1
         self.state.tokens_seen += int(batch.encoder_ids.numel())
@@ -387,7 +430,7 @@ def measure_decoder_ms(model: DiffusionModel, *, prefix: int = 64, reps: int = 2
 
 _OVERRIDES = (
     "model", "tokens_dir", "tokenizer_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
-    "log_every", "eval_every", "checkpoint_minutes",
+    "log_every", "eval_every", "checkpoint_minutes", "base", "lora_rank", "bf16",
 )  # fmt: skip
 
 
@@ -397,6 +440,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens)")
     parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None, help="tokenizer (data/tokenizer)")
     parser.add_argument("--corpus-dir", dest="corpus_dir", default=None, help="corpus with manifest (data/corpus)")
+    parser.add_argument("--base", default=None, help="fine-tune this converted model (`dcanvas model build`'s "
+                        "directory) under low-rank adapters instead of training --model from scratch")
+    parser.add_argument("--lora-rank", dest="lora_rank", type=int, default=None, help="adapter rank (16)")
+    parser.add_argument("--bf16", action="store_true", default=None, help="autocast matmuls to bf16")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--batch-size", dest="batch_size", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
@@ -469,7 +516,12 @@ def run(args: argparse.Namespace) -> int:
         if not resumed and args.export_only:
             console.print(f"[red]error:[/red] no checkpoint in {args.run}")
             return 2
-        out = export_run(trainer, args.export)
+        if cfg.base is not None:
+            from canvas.training.adapt import export_base_run
+
+            out = export_base_run(Path(cfg.base), trainer.model, trainer.state.history, args.export)
+        else:
+            out = export_run(trainer, args.export)
         console.print(f"exported to {out}")
     return 0
 
