@@ -1,4 +1,5 @@
-"""The Starlette application: `GET /` (the web client), `GET /health`, `GET /schema`, `WS /ws`.
+"""The Starlette application: `GET /` (the web client), `GET /health`, `GET /schema`, `WS /ws`, and the HTTP text
+generation routes of `canvas.server.http_api` (OpenAI-compatible `/v1/...`, llama.cpp's `/infill`).
 
 Owns the websocket endpoint: the checks made before `accept()` (Origin allow-list, session count: a refusal is an
 HTTP 403), then per connection a reader (rate limit, parse, `Hub.handle`) and a sender (`Outbox.run`) running side
@@ -30,6 +31,7 @@ from canvas import __version__
 from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, parse_client_message
 from canvas.server.backend import Backend, default_model_dir, load_backend
 from canvas.server.config import ServerConfig
+from canvas.server.http_api import HttpApi
 from canvas.server.hub import Hub
 from canvas.server.outbox import Outbox
 from canvas.server.security import origin_allowed
@@ -50,6 +52,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
     own_store = store is None
     the_store = Store(config.db) if store is None else store
     hub = Hub(backend, the_store, config.limits, token=config.token)
+    api = HttpApi(config, backend)  # the OpenAI-compatible routes and llama.cpp's /infill, on the same engine
     started = time.monotonic()
     schema = json_schema()
 
@@ -74,6 +77,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
                 "sessions": len(hub.sessions),
                 "documents_open": len(hub.docs),
                 "generations_running": len(hub.gens.runs),
+                "http_generations": api.stats(),
                 "uptime_s": round(time.monotonic() - started, 1),
             }
         )
@@ -88,6 +92,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
         Route("/health", health),
         Route("/schema", schema_route),
         WebSocketRoute("/ws", ws_route),
+        *api.routes(),
     ]
     web = Path(config.web_dir)
     if web.is_dir():
