@@ -42,6 +42,8 @@ from canvas.protocol import (
     ClientInfo,
     ClientRequest,
     DocClose,
+    DocDelete,
+    DocDeleted,
     DocEdit,
     DocList,
     DocListing,
@@ -306,6 +308,10 @@ class DcanvasClient:
 
     async def close_doc(self, doc_id: str) -> None:
         await self._request(DocClose(doc_id=doc_id), Ack)
+
+    async def delete(self, doc_id: str, base_v: int | None = None) -> None:
+        """Delete a document (with `base_v`: only if it is still at that version)."""
+        await self._request(DocDelete(doc_id=doc_id, base_v=base_v), DocDeleted)
 
     async def edit(self, doc_id: str, base_v: int, ops: Sequence[EditOp | Mapping[str, Any]]) -> DocState:
         """Apply `ops` (op models, or dicts validated here) to the document at version `base_v`."""

@@ -4,7 +4,8 @@
  *
  * Invariants: every edit is sent against the version on screen (`base_v = doc.v`), and a `doc.state` older than
  * the one on screen is ignored (replies and broadcasts can cross). After a reconnect the open document is read
- * again, since edits may have happened while the page was away.
+ * again, since edits may have happened while the page was away. A deleted document (here or by another session)
+ * leaves the screen at once.
  */
 
 import { ERROR_CODE, EVENT, OP, REQUEST, SPAN_KIND } from "./protocol.js";
@@ -96,6 +97,9 @@ class App {
       case EVENT.DOC_STATE:
         this.setDoc(msg);
         break;
+      case EVENT.DOC_DELETED:
+        this.docGone(msg.doc_id, true);
+        break;
       case EVENT.GEN_PROGRESS:
         this.gen.onProgress(msg);
         break;
@@ -183,6 +187,35 @@ class App {
     this.doc = null;
     this.setDoc(state, { force: true });
     this.showNewForm(false);
+    this.refreshList();
+  }
+
+  /** Delete the document on screen, if it is still the version on screen (a newer one is shown instead). */
+  async deleteDoc() {
+    if (!this.doc) return;
+    const { doc_id: docId, name, v } = this.doc;
+    if (!window.confirm(`Delete "${name || "untitled"}" for good? Its text, history and proposals go with it.`)) return;
+    const gone = await this.call("Deleting the document", REQUEST.DOC_DELETE, { doc_id: docId, base_v: v });
+    if (gone) this.docGone(docId, false);
+  }
+
+  /** Document `docId` no longer exists: if it is on screen, clear the screen and say so. */
+  docGone(docId, elsewhere) {
+    if (this.doc && this.doc.doc_id === docId) {
+      this.gen.documentGone();
+      this.toggleEditor(false);
+      this.doc = null;
+      this.docView.clear();
+      $("doc-meta").textContent = "No document open.";
+      $("doc-view").dataset.v = "";
+      if (location.hash) history.replaceState(null, "", location.pathname + location.search);
+      this.banners.show(
+        elsewhere
+          ? { kind: "warn", title: "This document was deleted", message: "by another session.", key: "doc-gone" }
+          : { kind: "info", title: "Document deleted.", key: "doc-gone", timeoutMs: 4000 },
+      );
+      this.showNewForm(true);
+    }
     this.refreshList();
   }
 
@@ -321,6 +354,7 @@ class App {
     });
     $("doc-open-btn").addEventListener("click", () => $("doc-select").value && this.open($("doc-select").value));
     $("doc-new-btn").addEventListener("click", () => this.showNewForm($("new-doc-form").hidden));
+    $("doc-delete-btn").addEventListener("click", () => this.deleteDoc());
     $("new-doc-cancel").addEventListener("click", () => this.showNewForm(false));
     $("new-doc-form").addEventListener("submit", (ev) => {
       ev.preventDefault();

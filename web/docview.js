@@ -39,6 +39,13 @@ export class DocView {
     this.chars = []; // doc.text as code points
   }
 
+  /** Show no document. */
+  clear() {
+    this.doc = null;
+    this.chars = [];
+    this.root.replaceChildren();
+  }
+
   /** Draw `doc` (a doc.state message). */
   render(doc) {
     this.doc = doc;

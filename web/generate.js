@@ -169,6 +169,11 @@ export class Generator {
     }
   }
 
+  /** The document was deleted: the server cancelled its generation (a gen.done says so) and its proposals. */
+  documentGone() {
+    for (const view of this.views) if (view.pending) view.resolved("deleted");
+  }
+
   /** Another document was opened: stop what runs on the old one and clear the views. */
   reset() {
     this.cancel();

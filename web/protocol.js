@@ -18,6 +18,7 @@ export const REQUEST = Object.freeze({
   HELLO: "hello",
   DOC_OPEN: "doc.open",
   DOC_CLOSE: "doc.close",
+  DOC_DELETE: "doc.delete",
   DOC_EDIT: "doc.edit",
   DOC_LIST: "doc.list",
   GEN_START: "gen.start",
@@ -33,6 +34,7 @@ export const REQUEST = Object.freeze({
 export const EVENT = Object.freeze({
   WELCOME: "welcome",
   DOC_STATE: "doc.state",
+  DOC_DELETED: "doc.deleted",
   DOC_LISTING: "doc.listing",
   ACK: "ack",
   GEN_ACCEPTED: "gen.accepted",

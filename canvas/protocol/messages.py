@@ -168,6 +168,15 @@ class DocClose(_Request):
     doc_id: DocId
 
 
+class DocDelete(_Request):
+    """Delete a document: its text, history and proposals. A generation running on it is cancelled. With `base_v`,
+    only if the document is still at that version (so a change the client has not seen is never deleted)."""
+
+    type: Literal["doc.delete"] = "doc.delete"
+    doc_id: DocId
+    base_v: Version | None = None
+
+
 class DocEdit(_Request):
     type: Literal["doc.edit"] = "doc.edit"
     doc_id: DocId
@@ -230,6 +239,7 @@ ClientMessage = Annotated[
     Hello
     | DocOpen
     | DocClose
+    | DocDelete
     | DocEdit
     | GenStart
     | GenCancel
@@ -243,8 +253,8 @@ ClientMessage = Annotated[
 ]
 CLIENT_MESSAGES: dict[str, type[_Request]] = {
     m.model_fields["type"].default: m
-    for m in (Hello, DocOpen, DocClose, DocEdit, GenStart, GenCancel, ProposalAccept, ProposalReject, HistoryUndo,
-              HistoryRedo, DocList, Ping)
+    for m in (Hello, DocOpen, DocClose, DocDelete, DocEdit, GenStart, GenCancel, ProposalAccept, ProposalReject,
+              HistoryUndo, HistoryRedo, DocList, Ping)
 }  # fmt: skip
 
 
@@ -303,6 +313,14 @@ class DocState(_Reply):
     can_undo: bool = False
     can_redo: bool = False
     gen: GenId | None = None  # the generation running on this document, if any
+
+
+class DocDeleted(_Reply):
+    """A document is gone: the reply to `doc.delete`, and (without `re`) the news to every other session that had it
+    open, which no longer has it open."""
+
+    type: Literal["doc.deleted"] = "doc.deleted"
+    doc_id: DocId
 
 
 class DocSummary(_Model):
@@ -408,10 +426,10 @@ class ErrorReply(_Reply):
 
 
 ServerMessage = Annotated[
-    Welcome | DocState | DocListing | Ack | GenAccepted | GenProgress | GenDone | Pong | ErrorReply,
+    Welcome | DocState | DocDeleted | DocListing | Ack | GenAccepted | GenProgress | GenDone | Pong | ErrorReply,
     Field(discriminator="type"),
 ]
 SERVER_MESSAGES: dict[str, type[_Reply]] = {
     m.model_fields["type"].default: m
-    for m in (Welcome, DocState, DocListing, Ack, GenAccepted, GenProgress, GenDone, Pong, ErrorReply)
+    for m in (Welcome, DocState, DocDeleted, DocListing, Ack, GenAccepted, GenProgress, GenDone, Pong, ErrorReply)
 }

@@ -32,6 +32,8 @@ from canvas.protocol import (
     Ack,
     ClientRequest,
     DocClose,
+    DocDelete,
+    DocDeleted,
     DocEdit,
     DocList,
     DocListing,
@@ -114,6 +116,7 @@ class Hub:
             "hello": self._hello,
             "doc.open": self._doc_open,
             "doc.close": self._doc_close,
+            "doc.delete": self._doc_delete,
             "doc.edit": self._doc_edit,
             "doc.list": self._doc_list,
             "history.undo": self._undo,
@@ -322,6 +325,37 @@ class Hub:
             live.subscribers.discard(session)
             self._maybe_unload(live)
         return Ack()
+
+    async def _doc_delete(self, session: Session, msg: DocDelete) -> DocDeleted:
+        """Delete a document. A generation running on it is cancelled rather than waited for (the document it would
+        fill is gone), its pending proposals are settled as `deleted`, and every other session that has it open is
+        told (`doc.deleted`) and no longer has it open."""
+        async with self.locked(msg.doc_id) as live:
+            v = live.doc.version
+            if msg.base_v is not None and msg.base_v > v:
+                raise ProtocolError(ErrorCode.INVALID_PARAMS, f"base_v: {msg.base_v} is newer than the document (v{v})")
+            if msg.base_v is not None and msg.base_v != v:
+                raise ProtocolError(
+                    ErrorCode.STALE_VERSION,
+                    f"document {live.doc_id} changed since v{msg.base_v} (it is at v{v}); read it before deleting it",
+                    data={"current_v": v},
+                )
+            await asyncio.to_thread(self.store.delete, live.doc_id)
+            # From here on nothing may touch it: requests waiting for the lock find it unloaded and then not found.
+            del self.docs[live.doc_id]
+            if live.run is not None:
+                live.run.stop("cancelled", "the document was deleted")
+            for gen in live.proposals:
+                self.gens.resolved(gen, "deleted")
+            live.proposals.clear()
+            gone = DocDeleted(doc_id=live.doc_id)
+            for s in list(live.subscribers):
+                s.docs.discard(live.doc_id)
+                if s is not session:
+                    s.send(gone)
+            live.subscribers.clear()
+            session.docs.discard(live.doc_id)
+            return gone
 
     async def _doc_list(self, session: Session, msg: DocList) -> DocListing:
         records = await asyncio.to_thread(self.store.list_docs)

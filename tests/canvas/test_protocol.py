@@ -35,6 +35,8 @@ VALID_REQUESTS: list[dict[str, Any]] = [
     {"type": "doc.open", "id": "a", "text": "Once upon a time", "name": "story"},
     {"type": "doc.open", "id": 2, "doc_id": "d-1f"},
     {"type": "doc.close", "doc_id": "d1"},
+    {"type": "doc.delete", "doc_id": "d1"},
+    {"type": "doc.delete", "doc_id": "d1", "base_v": 4},
     {
         "type": "doc.edit",
         "id": 3,
@@ -322,6 +324,7 @@ def test_server_messages_round_trip() -> None:
             can_undo=True,
             gen="g2",
         ),  # fmt: skip
+        p.DocDeleted(re=2, doc_id="d1"),
         p.DocListing(re="x", docs=[p.DocSummary(doc_id="d1", name="a", v=3, chars=11, updated=1.5)]),
         p.Ack(re=4),
         p.GenAccepted(re=5, gen="g2", doc_id="d1", base_v=3, params=params),

@@ -3,7 +3,8 @@
 - mask a span selected with the mouse, generate, watch at least three intermediate grid states, replay a frame,
   accept, check the server's document over a websocket of our own (`canvas.client`), undo with the keyboard;
 - a protocol error shows a banner; another session's edit arrives as a broadcast; a dropped socket reconnects;
-- side by side (diffusion and AR) on a narrow window, driven from the keyboard, with no horizontal scrolling.
+- side by side (diffusion and AR) on a narrow window, driven from the keyboard, with no horizontal scrolling;
+- a document deleted by another session, or from the page, leaves it.
 
 Screenshots land in artifacts/web/ (`$DCANVAS_ARTIFACTS`); docs/web.png is a copy of canvas.png.
 """
@@ -337,3 +338,38 @@ def test_side_by_side_on_a_narrow_window_from_the_keyboard(page: Any, web_server
 
     page.set_viewport_size({"width": 1280, "height": 800})
     assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+
+
+def test_a_deleted_document_leaves_the_page(page: Any, web_server: ServeProcess) -> None:
+    from playwright.sync_api import expect
+
+    open_page(page, web_server)
+    doc_id = create_doc(page, TEXT)
+
+    # Another session deletes the document on screen: the page says so and shows no document.
+    async def delete_elsewhere() -> None:
+        async with DcanvasClient.connect(web_server.ws_url) as c:
+            await c.delete(doc_id)
+
+    run_async(delete_elsewhere)
+    expect(page.locator("#banners [data-key=doc-gone]")).to_contain_text("deleted by another session")
+    expect(page.locator("#doc-meta")).to_have_text("No document open.")
+    expect(page.locator("#doc-view")).to_have_text("")
+    expect(page.locator("#doc-delete-btn")).to_be_disabled()
+    assert doc_id not in page.evaluate("location.hash")
+
+    # Delete from the page: it asks first; declining keeps the document, confirming deletes it on the server.
+    other = create_doc(page, "A second document.")
+    page.once("dialog", lambda d: d.dismiss())
+    page.click("#doc-delete-btn")
+    expect(page.locator("#doc-view")).to_have_text("A second document.")
+    page.once("dialog", lambda d: d.accept())
+    page.click("#doc-delete-btn")
+    expect(page.locator("#doc-meta")).to_have_text("No document open.")
+
+    async def listing() -> list[str]:
+        async with DcanvasClient.connect(web_server.ws_url) as c:
+            return [d.doc_id for d in await c.list_docs()]
+
+    assert not {doc_id, other} & set(run_async(listing))
+    expect(page.locator(f"#doc-select option[value='{other}']")).to_have_count(0)
