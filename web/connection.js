@@ -11,9 +11,20 @@
  * - Events: `status` ({state, detail}), `ready` (the welcome), `message`, `closed` ({code, reason, fatal, retryIn}).
  * - After an unexpected close it reconnects with exponential backoff, except after a fatal close (a wrong token,
  *   an unsupported protocol), where only `connect()` (the Reconnect button) tries again.
+ * - The token travels as a websocket subprotocol (`tokenSubprotocol`), next to `dcanvas.v1`, not in `hello`: that is
+ *   the one part of the handshake a page can set. The server selects only `dcanvas.v1`.
  */
 
-import { CLOSE_CODE, ERROR_CODE, EVENT, FATAL_CLOSE, PROTOCOL, REQUEST, SUBPROTOCOL } from "./protocol.js";
+import {
+  CLOSE_CODE,
+  ERROR_CODE,
+  EVENT,
+  FATAL_CLOSE,
+  PROTOCOL,
+  REQUEST,
+  SUBPROTOCOL,
+  TOKEN_SUBPROTOCOL_PREFIX,
+} from "./protocol.js";
 
 const REQUEST_TIMEOUT_MS = 30000;
 const PING_EVERY_MS = 15000;
@@ -38,6 +49,14 @@ export class ConnectionError extends Error {
     super(message);
     this.name = "ConnectionError";
   }
+}
+
+/** The subprotocol that carries `token`: its UTF-8 in base64url without padding, after the prefix. */
+export function tokenSubprotocol(token) {
+  let binary = "";
+  for (const byte of new TextEncoder().encode(token)) binary += String.fromCharCode(byte);
+  const b64 = btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  return TOKEN_SUBPROTOCOL_PREFIX + b64;
 }
 
 /** The websocket URL of the server that served this page. */
@@ -75,7 +94,9 @@ export class Connection extends EventTarget {
     this._setState("connecting", this._attempt ? `attempt ${this._attempt + 1}` : "");
     let ws;
     try {
-      ws = new WebSocket(this.url, [SUBPROTOCOL]);
+      const protocols = [SUBPROTOCOL];
+      if (this.token) protocols.push(tokenSubprotocol(this.token));
+      ws = new WebSocket(this.url, protocols);
     } catch (err) {
       this._onClose(null, { code: 0, reason: String(err.message || err), wasClean: false });
       return Promise.reject(new ConnectionError(`cannot open ${this.url}: ${err.message || err}`));
@@ -84,8 +105,7 @@ export class Connection extends EventTarget {
     return new Promise((resolve, reject) => {
       ws.addEventListener("open", async () => {
         try {
-          const fields = { protocol: PROTOCOL, client: this.client };
-          if (this.token) fields.token = this.token;
+          const fields = { protocol: PROTOCOL, client: this.client }; // the token went as a subprotocol
           const welcome = await this.request(REQUEST.HELLO, fields);
           this.welcome = welcome;
           this._attempt = 0;

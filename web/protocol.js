@@ -13,6 +13,9 @@ export const PROTOCOL = "dcanvas/1";
 /** The websocket subprotocol the server selects when a client offers it. */
 export const SUBPROTOCOL = "dcanvas.v1";
 
+/** A token offered as a subprotocol: this prefix, then the token's UTF-8 in unpadded base64url (never echoed). */
+export const TOKEN_SUBPROTOCOL_PREFIX = "dcanvas.token.";
+
 /** Client -> server requests. */
 export const REQUEST = Object.freeze({
   HELLO: "hello",

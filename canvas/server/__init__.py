@@ -36,7 +36,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=None,
-        help="shared secret clients send in hello (default $DCANVAS_TOKEN); required off loopback",
+        help="shared secret clients send in hello or as a websocket subprotocol (default $DCANVAS_TOKEN); "
+        "required off loopback",
     )
     parser.add_argument("--origin", action="append", default=[], help="also allow browser pages from this origin")
     parser.add_argument("--allow-host", action="append", default=[], help="also serve this Host header on loopback")

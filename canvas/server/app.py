@@ -34,7 +34,7 @@ from canvas.server.config import ServerConfig
 from canvas.server.http_api import HttpApi
 from canvas.server.hub import Hub
 from canvas.server.outbox import Outbox
-from canvas.server.security import origin_allowed
+from canvas.server.security import origin_allowed, subprotocol_tokens
 from canvas.server.state import Session
 from canvas.store import Store
 
@@ -124,6 +124,7 @@ async def serve_websocket(websocket: WebSocket, hub: Hub, config: ServerConfig) 
         await websocket.close(code=1013)
         return
     offered = websocket.scope.get("subprotocols") or []
+    # Only dcanvas.v1 is ever selected: a token offered as a subprotocol must not be echoed (canvas.server.security).
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
 
     killed = asyncio.Event()
@@ -136,6 +137,7 @@ async def serve_websocket(websocket: WebSocket, hub: Hub, config: ServerConfig) 
 
     outbox = Outbox(websocket.send_text, max_fps=config.limits.max_fps)
     session = Session(outbox, config.limits, kill)
+    session.offered_tokens = subprotocol_tokens(offered)
     hub.open_session(session)
     sender = asyncio.create_task(outbox.run(), name=f"dcanvas-send-{session.id}")
     reader = asyncio.create_task(_read(websocket, hub, session), name=f"dcanvas-read-{session.id}")

@@ -70,7 +70,7 @@ from canvas.server.gens import Generations
 from canvas.server.persist import encode_change, load_live, positions
 from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
-from canvas.server.security import token_ok
+from canvas.server.security import authorized
 from canvas.server.state import LiveDoc, Session, snapshot
 from canvas.store import Store
 
@@ -270,7 +270,8 @@ class Hub:
         if msg.protocol != PROTOCOL:
             session.close_after = (4409, "unsupported protocol")
             raise ProtocolError(ErrorCode.UNSUPPORTED_PROTOCOL, f"this server speaks {PROTOCOL}, not {msg.protocol!r}")
-        if not token_ok(msg.token, self.token):
+        presented = session.offered_tokens if msg.token is None else (msg.token, *session.offered_tokens)
+        if not authorized(presented, self.token):
             session.close_after = (1008, "unauthorized")
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
         session.hello = True

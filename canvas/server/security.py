@@ -7,12 +7,18 @@ Invariants:
   `accept()`. Programs (editors, the TUI) send no `Origin` and are let through; the token is their gate.
 - Hosts: on loopback only loopback `Host` headers are served, which defeats DNS rebinding of `GET /` and `/ws`.
 - Tokens are compared in constant time.
+- Browsers cannot set headers on a websocket, so a token may also come as a subprotocol the client offers,
+  `dcanvas.token.<base64url of its UTF-8, unpadded>`, next to `dcanvas.v1`. The server only ever selects
+  `dcanvas.v1`: the secret is never echoed back in the handshake response.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import ipaddress
+import re
 import time
 from collections.abc import Callable, Iterable
 
@@ -43,6 +49,40 @@ def origin_allowed(origin: str | None, allowed: Iterable[str]) -> bool:
         return True
     o = normalize_origin(origin)
     return o != "null" and o in {normalize_origin(a) for a in allowed}
+
+
+TOKEN_SUBPROTOCOL_PREFIX = "dcanvas.token."
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def token_subprotocol(token: str) -> str:
+    """The subprotocol that carries `token` (base64url keeps any token within the characters a subprotocol allows)."""
+    return TOKEN_SUBPROTOCOL_PREFIX + base64.urlsafe_b64encode(token.encode("utf-8")).decode("ascii").rstrip("=")
+
+
+def subprotocol_tokens(offered: Iterable[str]) -> tuple[str | None, ...]:
+    """The tokens in the subprotocols a client offered; None for one that does not decode (it matches no token)."""
+    out: list[str | None] = []
+    for proto in offered:
+        if not proto.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            continue
+        data = proto[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+        try:
+            if not _BASE64URL.fullmatch(data):
+                raise ValueError(data)
+            out.append(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode("utf-8"))
+        except (ValueError, binascii.Error):
+            out.append(None)
+    return tuple(out)
+
+
+def authorized(presented: Iterable[str | None], expected: str | None) -> bool:
+    """Whether the tokens a client presented (in `hello`, in its subprotocols) let it in: at least one, and every
+    one of them right. A server without a token lets everyone in."""
+    if expected is None:
+        return True
+    given = list(presented)
+    return bool(given) and all(token_ok(t, expected) for t in given)
 
 
 def token_ok(given: str | None, expected: str | None) -> bool:

@@ -34,6 +34,7 @@ class Session:
         self.docs: set[str] = set()
         self.gens: set[str] = set()
         self.close_after: tuple[int, str] | None = None  # close the socket after sending the reply
+        self.offered_tokens: tuple[str | None, ...] = ()  # tokens offered as websocket subprotocols (checked at hello)
         self._kill = kill
 
     def send(self, msg: ServerReply) -> None:

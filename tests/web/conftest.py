@@ -1,5 +1,8 @@
 """Fixtures for the browser tests: a tiny model, a real `dcanvas serve` on a free loopback port, and Chromium.
 
+The server requires a token (`WEB_TOKEN`), which every page finds in its session storage, as a user who typed it
+under Connection would: so every browser test also runs the page's token-as-subprotocol handshake.
+
 The browser is Debian's Chromium (`/usr/bin/chromium`, or `$DCANVAS_CHROMIUM`) driven by Playwright for Python,
 headless, with a fresh user-data directory. Playwright cannot download its own browser here, so when Chromium or
 the `playwright` package is missing the browser tests skip and say which (`bash tests/web/ensure_chromium.sh`
@@ -32,6 +35,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SERVER_START_S = 120  # importing torch and loading the model takes ~10 s on a busy 2-core machine
+WEB_TOKEN = "web-test-token-ü/+=-0123456789"  # characters that only travel as base64url
 
 
 def artifacts_dir() -> Path:
@@ -50,14 +54,17 @@ def _free_port() -> int:
 class ServeProcess:
     """`dcanvas serve` in a subprocess, on 127.0.0.1 at a free port, with its log in a file."""
 
-    def __init__(self, model: Path, workdir: Path) -> None:
+    def __init__(self, model: Path, workdir: Path, token: str | None = None) -> None:
         self.model = model
+        self.token = token
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}/"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
         self.log_path = workdir / "serve.log"
         cmd = [sys.executable, "-m", "canvas.cli", "serve", "--port", str(self.port), "--model", str(model),
                "--db", str(workdir / "docs.db"), "--log-level", "warning"]  # fmt: skip
+        if token is not None:
+            cmd += ["--token", token]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         self._log = self.log_path.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
@@ -110,7 +117,7 @@ def web_server(tmp_path_factory: pytest.TempPathFactory, chromium_launch: dict[s
 
     chosen = os.environ.get("DCANVAS_WEB_MODEL")
     model = Path(chosen) if chosen else write_tiny_checkpoint(tmp_path_factory.mktemp("web-model"))
-    server = ServeProcess(model, tmp_path_factory.mktemp("web-serve"))
+    server = ServeProcess(model, tmp_path_factory.mktemp("web-serve"), token=WEB_TOKEN)
     yield server
     server.stop()
 
@@ -149,6 +156,7 @@ _FAILED = pytest.StashKey[bool]()
 def page(browser_context: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh page; fails the test on any uncaught page error, and screenshots the page when the test fails."""
     pg = browser_context.new_page()
+    pg.add_init_script(f"sessionStorage.setItem('dcanvas.token', {json.dumps(WEB_TOKEN)});")
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)

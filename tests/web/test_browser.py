@@ -44,7 +44,7 @@ def run_async(fn: Callable[[], Awaitable[T]]) -> T:
 
 def server_doc(server: ServeProcess, doc_id: str) -> DocState:
     async def read() -> DocState:
-        async with DcanvasClient.connect(server.ws_url) as c:
+        async with DcanvasClient.connect(server.ws_url, token=server.token) as c:
             return await c.open(doc_id)
 
     return run_async(read)
@@ -246,7 +246,7 @@ def test_error_banner_broadcast_and_reconnect(page: Any, web_server: ServeProces
 
     # Another session edits the document: the page shows the broadcast.
     async def edit_elsewhere() -> DocState:
-        async with DcanvasClient.connect(web_server.ws_url) as c:
+        async with DcanvasClient.connect(web_server.ws_url, token=web_server.token) as c:
             doc = await c.open(doc_id)
             return await c.edit(doc_id, doc.v, [ReplaceOp(start=4, end=7, text="cow")])
 
@@ -343,12 +343,18 @@ def test_side_by_side_on_a_narrow_window_from_the_keyboard(page: Any, web_server
 def test_a_deleted_document_leaves_the_page(page: Any, web_server: ServeProcess) -> None:
     from playwright.sync_api import expect
 
+    sent: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload)))
     open_page(page, web_server)
+    # The server requires a token: the page offered it as a subprotocol, and the server selected only dcanvas.v1.
+    assert page.evaluate("window.dcanvas.conn._ws.protocol") == "dcanvas.v1"
+    hello = json.loads(sent[0])
+    assert hello["type"] == "hello" and "token" not in hello
     doc_id = create_doc(page, TEXT)
 
     # Another session deletes the document on screen: the page says so and shows no document.
     async def delete_elsewhere() -> None:
-        async with DcanvasClient.connect(web_server.ws_url) as c:
+        async with DcanvasClient.connect(web_server.ws_url, token=web_server.token) as c:
             await c.delete(doc_id)
 
     run_async(delete_elsewhere)
@@ -368,7 +374,7 @@ def test_a_deleted_document_leaves_the_page(page: Any, web_server: ServeProcess)
     expect(page.locator("#doc-meta")).to_have_text("No document open.")
 
     async def listing() -> list[str]:
-        async with DcanvasClient.connect(web_server.ws_url) as c:
+        async with DcanvasClient.connect(web_server.ws_url, token=web_server.token) as c:
             return [d.doc_id for d in await c.list_docs()]
 
     assert not {doc_id, other} & set(run_async(listing))

@@ -8,6 +8,7 @@ and every file the page loads exists.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -46,10 +47,12 @@ def test_protocol_js_parses_into_tables() -> None:
 
 def test_protocol_version_and_subprotocol() -> None:
     from canvas.server.app import SUBPROTOCOL
+    from canvas.server.security import TOKEN_SUBPROTOCOL_PREFIX
 
     tables = protocol_tables()
     assert tables["PROTOCOL"] == PROTOCOL == SCHEMA["protocol"]
     assert tables["SUBPROTOCOL"] == SUBPROTOCOL
+    assert tables["TOKEN_SUBPROTOCOL_PREFIX"] == TOKEN_SUBPROTOCOL_PREFIX
 
 
 @pytest.mark.parametrize(
@@ -205,6 +208,23 @@ def test_javascript_parses() -> None:
             timeout=30,
         )
         assert result.returncode == 0, f"{path.name}: {result.stderr}"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: cannot run the page's encoder")
+def test_the_page_offers_a_token_the_server_reads() -> None:
+    """connection.js's `tokenSubprotocol` (run in node) against the server's decoder, on tokens that need it."""
+    from canvas.server.security import subprotocol_tokens, token_subprotocol
+
+    tokens = ["correct-horse-battery", "ünïcödé/+= token ~ 🌍", "a" * 255]
+    script = (
+        f"import {{ tokenSubprotocol }} from {json.dumps((WEB / 'connection.js').as_uri())};\n"
+        f"console.log(JSON.stringify({json.dumps(tokens)}.map(tokenSubprotocol)));"
+    )
+    result = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    offered = json.loads(result.stdout)
+    assert offered == [token_subprotocol(t) for t in tokens]
+    assert subprotocol_tokens(offered) == tuple(tokens)
 
 
 def test_ensure_chromium_script_is_valid_bash() -> None:
