@@ -1,5 +1,8 @@
-"""Fuzz the server with >= 10,000 generated and mutated frames (slow): every frame gets exactly one typed reply, no
-reply is `internal`, the connection survives, and a rejected request leaves the document exactly as it was."""
+"""Fuzz the server with generated and mutated frames: every frame gets exactly one typed reply, no reply is
+`internal`, the connection survives, a rejected request leaves the document exactly as it was, and what the store
+holds is what the server holds (the document, its pending proposals and where they lie), so a restart would lose
+nothing. 1,000 frames in the default suite (a few seconds), 10,000 in the slow one (`DCANVAS_FUZZ_EXAMPLES`
+overrides that number)."""
 
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ from canvas.server.app import create_app
 from canvas.server.backend import load_backend, write_tiny_checkpoint
 from canvas.server.config import ServerConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 TEXT = "The cat sat on the mat. It was a warm day. Ünïcödé ✓ too."
-EVENTS = ("gen.progress", "gen.done", "doc.state")
+EVENTS = ("gen.progress", "gen.done", "doc.state", "doc.deleted")
+REPLY_EVENTS = ("doc.state", "doc.deleted")  # event types that are also direct replies (with `re`)
+CURRENT, LAST = "<current version>", "<last gen>"  # placeholders `_one_frame` fills in
 
 
 class Harness:
@@ -31,6 +36,11 @@ class Harness:
         self.ids = iter(range(1, 1 << 40))
         self.replies = 0
         self.codes: dict[str, int] = {}
+        self.deleted = 0
+        self.last_gen = "g-000000000000"
+        self.pending = 0  # the most pending proposals seen at once
+        self.checked = 0  # frames after which the store was compared with the server
+        self.done: dict[str, int] = {}  # gen.done statuses
         ws.send_text(json.dumps({"type": "hello", "protocol": "dcanvas/1", "id": 0}))
         assert ws.receive_json()["type"] == "welcome"
         self.doc_id = self.request({"type": "doc.open", "text": TEXT})["doc_id"]
@@ -49,7 +59,9 @@ class Harness:
             reply = self.ws.receive_json()
             assert reply["type"] in SERVER_MESSAGES
             is_reply = rid is not None and reply.get("re") == rid and reply["type"] != "gen.progress"
-            if reply["type"] in EVENTS and not (is_reply and reply["type"] == "doc.state"):
+            if reply["type"] == "gen.done":
+                self.done[reply["status"]] = self.done.get(reply["status"], 0) + 1
+            if reply["type"] in EVENTS and not (is_reply and reply["type"] in REPLY_EVENTS):
                 continue  # a broadcast or a generation event, not the reply
             if rid is not None:
                 assert reply.get("re") == rid, reply
@@ -62,6 +74,20 @@ class Harness:
         live = self.hub.docs[self.doc_id]
         return live.doc.version, live.doc.text, tuple(live.doc.spans())
 
+    def check_stored(self) -> bool:
+        """The store has the document as the server has it, and its pending proposals where the server has them.
+        Checked when nothing is in flight (our request was answered, no generation runs: a finishing one adds its
+        proposal on its own), so both are settled; returns whether it could check."""
+        live = self.hub.docs[self.doc_id]
+        if live.run is not None or live.lock.locked():
+            return False
+        assert self.hub.store.load(self.doc_id) == (live.doc.version, live.doc.to_dict())
+        stored = {p.gen: (p.start, p.end, p.stale) for p in self.hub.store.proposals(self.doc_id)}
+        assert stored == {g: (p.start, p.end, p.stale) for g, p in live.proposals.items()}
+        self.pending = max(self.pending, len(stored))
+        self.checked += 1
+        return True
+
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
@@ -73,7 +99,9 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         yield h
         assert h.request({"type": "ping"})["type"] == "pong"  # still alive after everything
         errors = sum(h.codes.values())
-        print(f"\nfuzz: {h.replies} replies, {h.replies - errors} accepted; errors: {dict(sorted(h.codes.items()))}")
+        print(f"\nfuzz: {h.replies} replies, {h.replies - errors} accepted ({h.deleted} deletes, up to {h.pending} "
+              f"proposals pending, generations {h.done}, store checked {h.checked} times); "
+              f"errors: {dict(sorted(h.codes.items()))}")
 
 
 _json: st.SearchStrategy[Any] = st.recursive(
@@ -107,7 +135,10 @@ def _good_op(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def _message(draw: st.DrawFn, doc_id: str) -> dict[str, Any] | str | bytes:
-    kind = draw(st.sampled_from(["good", "good", "good", "edit", "other", "mutated", "junk", "bytes"]))
+    # Hypothesis favours the first choices of sampled_from; a seeded Random keeps every kind in the mix.
+    kinds = ["good"] * 6 + ["edit"] * 2 + ["other"] * 2 + ["gen", "mutated", "mutated", "junk", "bytes"]
+    rnd = draw(st.randoms(use_true_random=False))
+    kind = rnd.choice(kinds)
     if kind == "good":
         ops = draw(st.lists(_good_op(), min_size=1, max_size=2))
         return {"type": "doc.edit", "doc_id": doc_id, "base_v": -draw(st.integers(0, 2)), "ops": ops, "fit": True}
@@ -116,26 +147,36 @@ def _message(draw: st.DrawFn, doc_id: str) -> dict[str, Any] | str | bytes:
                 "ops": draw(st.lists(_op, min_size=0, max_size=3))}  # fmt: skip
     if kind == "other":
         gen = draw(st.sampled_from(["g-000000000000", "x", ""]))
-        return draw(
-            st.sampled_from(
-                [
-                    {"type": "history.undo", "doc_id": doc_id},
-                    {"type": "history.redo", "doc_id": doc_id},
-                    {"type": "doc.open", "doc_id": doc_id},
-                    {"type": "doc.list"},
-                    {"type": "ping"},
-                    {"type": "gen.cancel", "gen": gen},
-                    {"type": "proposal.accept", "gen": gen, "base_v": 0},
-                    {"type": "proposal.reject", "gen": gen},
-                    {"type": "gen.start", "doc_id": doc_id, "base_v": 0, "params": {"max_steps": 2}},
-                    {"type": "hello", "protocol": "dcanvas/1"},
-                ]
-            )
+        others: list[dict[str, Any]] = [
+            {"type": "history.undo", "doc_id": doc_id},
+            {"type": "history.redo", "doc_id": doc_id},
+            {"type": "doc.open", "doc_id": doc_id},
+            {"type": "doc.list"},
+            {"type": "ping"},
+            {"type": "gen.cancel", "gen": gen},
+            {"type": "proposal.accept", "gen": gen, "base_v": 0},
+            {"type": "proposal.reject", "gen": gen},
+            {"type": "gen.start", "doc_id": doc_id, "base_v": 0, "params": {"max_steps": 2}},
+            {"type": "hello", "protocol": "dcanvas/1"},
+            {"type": "doc.delete", "doc_id": "no-such-doc"},
+            {"type": "doc.delete", "doc_id": doc_id, "base_v": 0},  # deletes only an unedited document
+        ]
+        return draw(st.sampled_from(others))
+    if kind == "gen":  # real generations and their proposals (CURRENT: the document's version, LAST: the last gen)
+        gap = {"op": "insert_gap", "at": 0, "n_tokens": 2}
+        return rnd.choice(
+            [{"type": "doc.edit", "doc_id": doc_id, "base_v": CURRENT, "ops": [gap]}]
+            + [{"type": "gen.start", "doc_id": doc_id, "base_v": CURRENT, "params": {"max_steps": 1}}] * 3
+            + [{"type": "proposal.accept", "gen": LAST, "base_v": CURRENT}] * 3
+            + [{"type": "proposal.reject", "gen": LAST}]
+            + [{"type": "doc.delete", "doc_id": doc_id}] * (rnd.random() < 0.1)  # with whatever runs or waits on it
         )
     if kind == "mutated":
         base: dict[str, Any] = {
             "type": draw(
-                st.sampled_from(["doc.edit", "gen.start", "doc.open", "proposal.accept", "history.undo", "doc.close"])
+                st.sampled_from(["doc.edit", "gen.start", "doc.open", "proposal.accept", "history.undo", "doc.close",
+                                 "doc.delete"] if rnd.random() < 0.1 else ["doc.edit", "gen.start", "doc.open",
+                                 "proposal.accept", "history.undo", "doc.close"])
             ),
             "doc_id": doc_id,
         }
@@ -158,21 +199,39 @@ def _fit(msg: dict[str, Any], v: int, length: int) -> dict[str, Any]:
     return {**msg, "base_v": max(0, v + msg["base_v"]), "ops": ops}
 
 
-@settings(
-    max_examples=int(os.environ.get("DCANVAS_FUZZ_EXAMPLES", "10000")),
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    database=None,
-)
-@given(data=st.data())
-def test_fuzzed_frames_get_typed_replies_and_rejections_change_nothing(harness: Harness, data: st.DataObject) -> None:
+def _one_frame(harness: Harness, data: st.DataObject) -> None:
     msg = data.draw(_message(harness.doc_id))
     before = harness.document()
     if isinstance(msg, dict) and msg.pop("fit", False):
         msg = _fit(msg, before[0], len(before[1]))
+    if isinstance(msg, dict):
+        msg = {k: {CURRENT: before[0], LAST: harness.last_gen}.get(v, v) if isinstance(v, str) else v
+               for k, v in msg.items()}  # fmt: skip
     reply = harness.request(msg)
+    if reply["type"] == "gen.accepted":
+        harness.last_gen = reply["gen"]
     assert reply.get("code") != "internal", (msg, reply)
     if reply["type"] == "error":
         assert harness.document() == before, (msg, reply)
+    if reply["type"] == "doc.deleted":  # the fuzz goes on on a new document
+        harness.deleted += 1
+        harness.doc_id = harness.request({"type": "doc.open", "text": TEXT})["doc_id"]
     if isinstance(msg, dict) and msg.get("type") == "doc.close" and reply["type"] == "ack":
         harness.request({"type": "doc.open", "doc_id": harness.doc_id})  # keep receiving our document
+    harness.check_stored()
+
+
+_SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "database": None}
+
+
+@settings(max_examples=1000, **_SETTINGS)  # type: ignore[arg-type]
+@given(data=st.data())
+def test_1000_fuzzed_frames(harness: Harness, data: st.DataObject) -> None:
+    _one_frame(harness, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=int(os.environ.get("DCANVAS_FUZZ_EXAMPLES", "10000")), **_SETTINGS)  # type: ignore[arg-type]
+@given(data=st.data())
+def test_10000_fuzzed_frames(harness: Harness, data: st.DataObject) -> None:
+    _one_frame(harness, data)
