@@ -5,7 +5,7 @@ in git as `adapters.safetensors` + `adapters.json` (at most ~60 MB):
 - low-rank adapters on the converted matrices (`LORA_TARGETS` of every layer but the last): `W += B @ A * scale`;
 - the parts the conversion created or that stay small, stored whole: self-conditioning, routed experts and
   router, every norm and scale, the final norm, and the appended full-attention layer (`is_full_tensor`).
-The embedding (and the tied head) stays the base's. `adapters.json` records the rank, scale, the base's config
+The embedding (and the tied head) and the conversion's constants (`FROZEN`) stay the base's. `adapters.json` records the rank, scale, the base's config
 and the tensors' sha256, so an adapter set is refused on a base of another shape.
 """
 
@@ -21,6 +21,9 @@ from safetensors.torch import load_file
 from canvas.model import DiffusionModel
 
 LORA_TARGETS = ("attn.qkv", "attn.o_proj", "mlp_gate_up", "mlp_down")
+# Constants of the conversion, never trained: post_ff_1 = sqrt(alpha * eps) ~ 1e-6 keeps the outer norm linear;
+# one optimizer step (~lr in absolute size) would multiply it many times over and blow the residual stream up.
+FROZEN = ("post_feedforward_layernorm_1",)
 WEIGHTS, META = "adapters.safetensors", "adapters.json"
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
@@ -35,8 +38,11 @@ def is_full_tensor(name: str, shape: torch.Size, n_layers: int) -> bool:
     if name == "embed":
         return False
     m = _LAYER.match(name)
-    if m and int(m.group(1)) < n_layers - 1 and len(shape) >= 2:
-        return m.group(2) not in LORA_TARGETS  # experts, router
+    if m and int(m.group(1)) < n_layers - 1:
+        if m.group(2) in FROZEN:
+            return False
+        if len(shape) >= 2:
+            return m.group(2) not in LORA_TARGETS  # experts, router
     return True  # norms, scales, self-conditioning, the final norm, the appended layer
 
 

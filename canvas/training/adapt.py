@@ -57,6 +57,20 @@ def attach_lora(model: DiffusionModel, rank: int, alpha: float, seed: int = 0) -
             original.requires_grad_(False)
 
 
+def linear_regime_lr_scales(model: DiffusionModel) -> dict[str, float]:
+    """Learning-rate scales for the norms that live at the conversion's tiny scale. Each converted layer's dense
+    branch leaves its norm at ~sqrt(alpha * eps) ~ 1e-6 (the outer norm's linear regime); the experts' branch beside
+    it (post_feedforward_layernorm_2, zero at first) must grow on that scale, not by Adam's ~lr-sized steps, which
+    would swamp the dense branch a million times over in one step."""
+    n = model.config.num_hidden_layers
+    out: dict[str, float] = {}
+    for i, layer in enumerate(model.blocks[: n - 1]):
+        ref = float(layer.post_feedforward_layernorm_1.detach().abs().mean())
+        if ref < 1e-3:  # a converted layer (a model trained from scratch has norms near 1 and needs nothing)
+            out[f"layers.{i}.post_feedforward_layernorm_2"] = ref
+    return out
+
+
 def adapter_tensors(model: DiffusionModel) -> dict[str, Tensor]:
     """The trained tensors, by the names the adapter file uses (`<param>.lora_A/B` or `<param>`)."""
     out: dict[str, Tensor] = {}

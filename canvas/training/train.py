@@ -155,12 +155,20 @@ def _base_config(base: Path, special: dict[str, int], vocab_size: int) -> ModelC
     return cfg
 
 
-def param_groups(model: DiffusionModel, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups over the trainable parameters: matrices decay, norms and scales do not."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.dim() >= 2]
-    other = [p for p in trainable if p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+def param_groups(model: DiffusionModel, weight_decay: float,
+                 lr_scales: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """AdamW groups over the trainable parameters: matrices decay, norms and scales do not; a parameter named in
+    `lr_scales` gets its own group whose learning rate is scaled (`lr_scale`, read by the training step)."""
+    lr_scales = lr_scales or {}
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in lr_scales]
+    groups: list[dict[str, Any]] = [
+        {"params": [p for _, p in trainable if p.dim() >= 2], "weight_decay": weight_decay, "lr_scale": 1.0},
+        {"params": [p for _, p in trainable if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
+    ]
+    params = dict(model.named_parameters())
+    for name, scale in sorted(lr_scales.items()):
+        groups.append({"params": [params[name]], "weight_decay": 0.0, "lr_scale": scale})
+    return groups
 
 
 @dataclass(slots=True)
@@ -189,18 +197,20 @@ class Trainer:
             corruption = dataclasses.replace(cfg.corruption, canvas_length=self.model_config.canvas_length)
             cfg = self.cfg = dataclasses.replace(cfg, corruption=corruption)
         torch.manual_seed(cfg.seed)
+        lr_scales: dict[str, float] = {}
         if cfg.base is not None:
-            from canvas.training.adapt import attach_lora
+            from canvas.training.adapt import attach_lora, linear_regime_lr_scales
 
             self.model = DiffusionModel.from_pretrained(cfg.base, device=self.device)
             attach_lora(self.model, cfg.lora_rank, cfg.lora_alpha, seed=cfg.seed)
+            lr_scales = linear_regime_lr_scales(self.model)
         else:
             with torch.device(self.device):
                 self.model = DiffusionModel(self.model_config, init=False)
             self.model.reset_parameters(std=cfg.init_std,
                                         generator=torch.Generator(self.device).manual_seed(cfg.seed))
         self.optimizer = torch.optim.AdamW(
-            param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8
+            param_groups(self.model, cfg.weight_decay, lr_scales), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8
         )
         self.state = RunState()
         self.null_id = special["null"]
@@ -316,7 +326,7 @@ class Trainer:
         step = self.state.step
         batch, gen = self.batch(step)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.lr_at(step)
+            group["lr"] = self.cfg.lr_at(step) * group.get("lr_scale", 1.0)
         self.model.train()
         with self.autocast():
             losses = compute_losses(self.model, batch, self.cfg.objective, gen)

@@ -41,6 +41,8 @@ def test_adapters_start_exact_and_train_only_the_new_parts() -> None:
     assert "layers.0.attn.parametrizations.qkv.0.lora_A" in trainable
     assert "layers.0.attn.parametrizations.qkv.original" not in trainable
     assert "layers.0.experts_gate_up" in trainable and "self_conditioning.down" in trainable
+    assert "layers.0.post_feedforward_layernorm" in trainable
+    assert "layers.0.post_feedforward_layernorm_1" not in trainable  # a conversion constant
     last = model.config.num_hidden_layers - 1
     assert f"layers.{last}.attn.qkv" in trainable  # the appended layer trains whole
     names = set(adapter_tensors(model))
