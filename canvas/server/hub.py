@@ -2,9 +2,9 @@
 
 Owns every document that a session has open (`LiveDoc`: the `canvas.document.Document`, its change log, its
 subscribers, its running generation and pending proposals), the generations (`canvas.server.gens`) and the
-proposals they leave (`canvas.server.proposals`). Handlers take
-a parsed request and either return the reply or raise (`ProtocolError`, or a domain error that
-`canvas.protocol.error_for_exception` maps to a code); `handle` sends one or the other with `re`.
+proposals they leave (`canvas.server.proposals`). Handlers take a parsed request and either return the reply or
+raise (`ProtocolError`, or a domain error that `canvas.protocol.error_for_exception` maps to a code); `handle`
+sends one or the other with `re`.
 
 Invariants:
 - One `asyncio.Lock` per document serialises its mutations (`locked`); a mutation is acknowledged (reply and
@@ -223,8 +223,11 @@ class Hub:
         before = doc.version
         self.gens.before_change(live)
         apply()  # raises on bad input and then leaves the document as it was
-        if doc.version == before:
-            return None  # a no-op is not a change: nothing to save or tell anyone
+        if doc.version == before:  # a no-op is not a change: nothing to save or tell anyone
+            if accepting is not None:  # but the proposal it applied is settled all the same
+                await asyncio.to_thread(self.store.resolve_proposal, doc.doc_id, accepting, "accepted")
+                del live.proposals[accepting]
+            return None
         after = snapshot(doc)
         change = diff(live.snap, after)
         live.snap = after

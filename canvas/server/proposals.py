@@ -43,8 +43,15 @@ class Proposals:
         live.proposals[p.gen] = p
 
     async def accept(self, session: Session, msg: ProposalAccept) -> DocState:
+        doc_id = await self._find(session, msg.gen)
+        try:
+            return await self._accept(session, msg, doc_id)
+        finally:
+            self._unload(doc_id)
+
+    async def _accept(self, session: Session, msg: ProposalAccept, doc_id: str) -> DocState:
         hub = self.hub
-        async with hub.locked(await self._find(session, msg.gen)) as live:
+        async with hub.locked(doc_id) as live:
             p = self._pending(live, msg.gen)
             v = live.doc.version
             if msg.base_v > v:
@@ -70,11 +77,21 @@ class Proposals:
             return hub.state(live)
 
     async def reject(self, session: Session, msg: ProposalReject) -> Ack:
-        async with self.hub.locked(await self._find(session, msg.gen)) as live:
-            self._pending(live, msg.gen)
-            await self._settle(live, msg.gen, "rejected")
-        self.hub._maybe_unload(live)
-        return Ack()
+        doc_id = await self._find(session, msg.gen)
+        try:
+            async with self.hub.locked(doc_id) as live:
+                self._pending(live, msg.gen)
+                await self._settle(live, msg.gen, "rejected")
+            return Ack()
+        finally:
+            self._unload(doc_id)
+
+    def _unload(self, doc_id: str) -> None:
+        # Settling a proposal may load its document (after a restart, or once its owner left); nobody may have it
+        # open, so let it go again.
+        live = self.hub.docs.get(doc_id)
+        if live is not None:
+            self.hub._maybe_unload(live)
 
     async def _settle(self, live: LiveDoc, gen: str, outcome: str) -> None:
         """Settle a proposal without an edit (the caller holds the document's lock)."""

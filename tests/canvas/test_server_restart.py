@@ -164,6 +164,7 @@ def test_a_proposal_belongs_to_its_connection_until_that_closes(serve: Factory) 
         new = other.rpc({"type": "proposal.accept", "gen": gen, "base_v": s["v"]})
         p = done["proposal"]
         assert new["text"] == TEXT[: p["start"]] + p["text"] + TEXT[p["end"] :]
+        assert s["doc_id"] not in server.app.state.hub.docs  # type: ignore[attr-defined]  # nobody has it open
 
 
 def test_a_document_keeps_a_bounded_number_of_proposals(serve: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
