@@ -517,7 +517,8 @@ def run(args: argparse.Namespace) -> int:
         (args.run / "train_config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n", encoding="utf-8")
         n = sum(p.numel() for p in trainer.model.parameters())
         what = f"resuming at step {trainer.state.step}" if resumed else "new run"
-        console.print(f"{args.run}: {what}; {cfg.model} {n / 1e6:.2f}M params, batch {cfg.batch_size}, "
+        shape = f"{cfg.base} (adapters rank {cfg.lora_rank})" if cfg.base else cfg.model
+        console.print(f"{args.run}: {what}; {shape} {n / 1e6:.2f}M params, batch {cfg.batch_size}, "
                       f"tokens {file_sha256(Path(cfg.tokens_dir) / 'train.bin')[:12]}")  # fmt: skip
         trainer.fit(max_minutes=args.max_minutes, stop_at_step=args.stop_at_step, console=console)
     if args.export is not None:
