@@ -1,7 +1,8 @@
 """`dcanvas bench ...`: every performance claim in BENCHMARKS.md comes from here, measured side by side in one run.
 
-    dcanvas bench model  [--preset bench-15m] [--runs 7] [--json] [--gpu --layers 4]
-        encoder and decoder forward times, ours vs the transformers modules (same weights, same inputs)
+    dcanvas bench model  [--model DIR | --preset bench-15m] [--dtype auto] [--trim-vocab N] [--json] [--gpu --layers 4]
+        per component (encode, an infill window's body / head / soft embedding / sampler / engine step, a full
+        canvas), fp32 and this CPU's dtype, ours vs the transformers modules (see canvas.bench_model)
     dcanvas bench engine [--runs 5] [--json]
         ours vs transformers `generate` with identical tokens asserted (speedup, identical), per-step wall over
         bare decoder forward (step_overhead), peak extra memory of one sampler step in fp32 [B, 256, V] tensors
@@ -47,8 +48,18 @@ def machine() -> dict[str, Any]:
                              cwd=Path(__file__).parent, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "git": sha}
+    from canvas.model.cpu import bf16_probe, configure_allocator, cpu_features, cpu_kind, usable_cores
+
+    # Whether this process's allocator keeps large blocks (`_run` sets it, as load_backend does); reading never sets it.
+    kept = bool(configure_allocator.cache_info().currsize) and configure_allocator()
+    kind = cpu_kind()
+    probe = bf16_probe() if kind in ("amx", "avx512_bf16", "arm_bf16") else None  # seconds where bf16 is emulated
+    return {"cpu": cpu, "cpu_kind": kind, "cpu_flags": sorted(cpu_features()), "cores": os.cpu_count(),
+            "usable_cores": usable_cores(), "threads": torch.get_num_threads(), "allocator_keeps_blocks": kept,
+            "bf16_probe_ms": {"fp32": probe.fp32_s * 1e3, "bf16": probe.bf16_s * 1e3} if probe else None,
+            "load_average_1min": os.getloadavg()[0],  # other processes' load: figures taken on a busy machine read high
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "git": sha}
 
 
 def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
@@ -116,54 +127,11 @@ def print_table(title: str, rows: list[tuple[str, str]]) -> None:
     Console(stderr=True).print(table)
 
 
-# ---- model ---------------------------------------------------------------------------------------------------------
-def bench_model(args: argparse.Namespace) -> dict[str, Any]:
-    from transformers import DynamicCache
-
-    cfg = ModelConfig.from_name(args.preset)
-    with tempfile.TemporaryDirectory() as tmp:
-        ours, ref = random_pair(cfg, Path(tmp))
-    V, L, P = cfg.vocab_size, cfg.canvas_length, args.prompt
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, V, (1, P), generator=g)
-    canvas = torch.randint(0, V, (1, L), generator=g)
-    sc = torch.randn(1, L, V, generator=g)
-    _, cache = ours.encode(prompt, logits="none")
-    ref_cache = DynamicCache(config=ref.config.get_text_config(decoder=True))
-    with torch.no_grad():
-        ref.model.encoder(input_ids=prompt, past_key_values=ref_cache)
-
-    def ref_encode() -> None:
-        with torch.no_grad():
-            c = DynamicCache(config=ref.config.get_text_config(decoder=True))
-            h = ref.model.encoder(input_ids=prompt, past_key_values=c).last_hidden_state
-            ref.lm_head(h)
-
-    def ref_decode() -> None:
-        with torch.no_grad():
-            ref(decoder_input_ids=canvas, past_key_values=ref_cache, self_conditioning_logits=sc)
-
-    t = paired({"ours_encode": lambda: ours.encode(prompt), "ref_encode": ref_encode,
-                "ours_decode": lambda: ours.denoise(canvas, cache, sc), "ref_decode": ref_decode}, args.runs)
-    out = {"preset": cfg.name, "prompt_tokens": P, "canvas": L,
-           "encoder_ms": {"ours": t["ours_encode"] * 1e3, "reference": t["ref_encode"] * 1e3,
-                          "speedup": t["ref_encode"] / t["ours_encode"]},
-           "decoder_ms": {"ours": t["ours_decode"] * 1e3, "reference": t["ref_decode"] * 1e3,
-                          "speedup": t["ref_decode"] / t["ours_decode"]},
-           "runs": args.runs, "machine": machine()}
-    print_table(f"model forward, {cfg.name}, prompt {P}, canvas {L} (median of {args.runs})", [
-        ("encoder ours / reference ms", f"{out['encoder_ms']['ours']:.1f} / {out['encoder_ms']['reference']:.1f}"),
-        ("encoder speedup", f"{out['encoder_ms']['speedup']:.2f}x"),
-        ("decoder ours / reference ms", f"{out['decoder_ms']['ours']:.1f} / {out['decoder_ms']['reference']:.1f}"),
-        ("decoder speedup", f"{out['decoder_ms']['speedup']:.2f}x"),
-    ])
-    return out
-
-
 # ---- engine --------------------------------------------------------------------------------------------------------
 def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
+    from canvas.bench_model import reference_sampler
     from canvas.engine import Engine, GenRequest
     from canvas.generate import generate_static
     from canvas.sampler import ReferenceNoise, SamplerConfig, select_accepted, step_stats
@@ -261,14 +229,7 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
         torch.where(acc, stats.sample, noise.uniform_tokens((1, L), V, logits.device))
 
     def ref_sampler() -> None:
-        processed = logits / 1.0
-        probs = torch.softmax(processed, dim=-1, dtype=torch.float32)
-        sample = torch.multinomial(probs.view(-1, V), 1).view(1, L)
-        torch.argmax(processed, dim=-1)
-        ent = torch.distributions.Categorical(logits=processed).entropy()
-        s, idx = torch.sort(ent, dim=-1)
-        mask = torch.scatter(torch.zeros_like(s, dtype=torch.bool), -1, idx, (torch.cumsum(s, -1) - s) <= 0.1)
-        torch.where(mask, sample, torch.randint(0, V, (1, L)))
+        reference_sampler(logits / 1.0)
 
     ours_buffers = peak_extra_bytes(our_sampler) / unit
     ref_buffers = peak_extra_bytes(ref_sampler) / unit
@@ -309,11 +270,12 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    from canvas.bench_model import register as register_model
+    from canvas.server.loadbench import register as register_load
+
     sub = parser.add_subparsers(dest="bench", metavar="WHAT", required=True)
-    m = sub.add_parser("model", help="encoder/decoder forward: ours vs the transformers modules")
-    m.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
-    m.add_argument("--prompt", type=int, default=64)
-    m.add_argument("--runs", type=int, default=7)
+    m = sub.add_parser("model", help="model components, fp32 and this CPU's dtype: ours vs the transformers modules")
+    register_model(m)
     m.add_argument("--json", action="store_true")
     m.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     m.add_argument("--gpu", action="store_true", help="26B-A4B text shapes, random bf16 weights, on CUDA")
@@ -328,8 +290,6 @@ def register(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--json", action="store_true")
     e.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     e.set_defaults(func=_run, which="engine")
-    from canvas.server.loadbench import register as register_load
-
     register_load(sub.add_parser("load", help="concurrent dcanvas/1 sessions against a real server"))
     k = sub.add_parser("kernels", help="Triton kernels vs their references (CUDA)")
     k.add_argument("rest", nargs=argparse.REMAINDER)
@@ -337,13 +297,18 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from canvas.model.cpu import configure_allocator
+
     if args.threads:
         torch.set_num_threads(args.threads)
+    configure_allocator()  # as a served model runs (load_backend): large temporaries reused, not page-faulted
     if args.which == "model" and args.gpu:
         from canvas.bench_gpu import bench_model_gpu
 
         out = bench_model_gpu(args)
     else:
+        from canvas.bench_model import bench_model
+
         out = bench_model(args) if args.which == "model" else bench_engine(args)
     print(json.dumps(out))
     return 0

@@ -6,8 +6,10 @@ Each `step()` admits waiting requests, runs ONE batched decoder forward over eve
 stacked, right-padded and masked, each row at its own step of its own temperature schedule; the canvas is cut to
 the longest prefix of slots any row uses, so a short infill window costs a short forward), then samples,
 accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
-batched with. `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close,
-nor in the head of a gap that the sampler's `gap_min_fill` reserves for text.
+batched with. The vocabulary-sized work (LM head, sampler, self-conditioning soft embeddings) runs only for the
+slots that read it: free slots, plus pinned ones while the model's self-conditioning is live (their next signal).
+`<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close, nor in the head
+of a gap that the sampler's `gap_min_fill` reserves for text.
 AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
 honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
 context is unchanged.
@@ -32,7 +34,7 @@ import torch
 from torch import Tensor
 
 from canvas.model import DiffusionModel, KVCache
-from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats
+from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats_at
 
 Status = Literal["completed", "cancelled", "failed"]
 _BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 probability
@@ -160,7 +162,9 @@ class _Row:
         noise = self.noise.uniform_tokens((1, L), V, device)[0]
         self.canvas = torch.where(self.pinned, self.pinned_ids, noise)
         self.argmax = self.canvas.clone()
-        self.soft: Tensor | None = None
+        self.soft: Tensor | None = None  # (used, M) last step's soft embeddings, while self-conditioning is live
+        self.free_pos = self.free.nonzero().squeeze(1)  # (k,) the slots sampled each step, ascending
+        self.pinned_pos = (self.pinned & self.valid).nonzero().squeeze(1)  # (p,) used pinned slots
         self.remaining = self.cfg.max_steps
         self.step_in_canvas = 0
         self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, self.used, device)
@@ -326,8 +330,12 @@ class Engine:
         # off changes no used slot's logits, and an infill of a short window costs a short forward.
         n = max(r.used for r in rows)
         canvas = torch.stack([r.canvas[:n] for r in rows])  # (B, n)
+        # Self-conditioning feeds every used slot, pinned ones too, the soft embeddings of its own previous logits
+        # (as training and the reference do). While the model's self-conditioning MLP is all zeros (a converted
+        # checkpoint) that signal changes nothing: then neither it nor the pinned slots' logits are computed.
+        live_sc = not model.self_conditioning.inert()
         soft = None
-        if any(r.soft is not None for r in rows):
+        if live_sc and any(r.soft is not None for r in rows):
             # A zero signal is exactly "no self-conditioning" (the gated MLP maps 0 to 0); a row's soft embeddings
             # beyond its own used slots are never read, so zeros pad them too.
             soft = torch.zeros(len(rows), n, model.config.hidden_size, device=model.device, dtype=model.dtype)
@@ -335,30 +343,41 @@ class Engine:
                 if r.soft is not None:
                     soft[b, : r.used] = r.soft
         mask = None if all(r.used == n for r in rows) else torch.stack([r.valid[:n] for r in rows])  # (B, n)
+        # Logits only where a step reads them: each row's free slots (sampled), then, while self-conditioning is
+        # live, its pinned used slots (their next signal). With a 32-slot gap in a 158-slot window that is 32 rows
+        # of the vocabulary-sized head, sampler and soft embedding instead of 158.
+        pins = [r.pinned_pos if live_sc else r.pinned_pos[:0] for r in rows]
+        at = torch.cat([torch.cat([r.free_pos, p]) + b * n for b, (r, p) in enumerate(zip(rows, pins, strict=True))])
         t0 = time.perf_counter()
-        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask)  # (B, n, V)
-        temps = torch.stack([r.cfg.temperature(r.remaining) for r in rows]).to(model.device)
-        processed = logits.div_(temps[:, None, None])
+        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask, logits_at=at)  # (K, V)
+        sizes = [(len(r.free_pos), len(p)) for r, p in zip(rows, pins, strict=True)]
+        temps = torch.cat([r.cfg.temperature(r.remaining).expand(f + p) for r, (f, p) in zip(rows, sizes, strict=True)])
+        processed = logits.div_(temps.to(model.device)[:, None])  # (K, V)
         null_id = model.config.null_token_id
         if null_id is not None:
-            # Finite, not -inf: the entropy terms stay 0 * -1e4 = 0 instead of 0 * -inf = nan.
-            banned = torch.stack([r.no_null[:n] for r in rows])  # (B, n)
-            processed[..., null_id].masked_fill_(banned, _BANNED_LOGIT)
-        new_soft = model.soft_embeddings(processed)  # (B, n, M): next step's self-conditioning
+            # Finite, not -inf: the entropy terms stay 0 * -1e4 = 0 instead of 0 * -inf = nan. Free slots only.
+            banned = torch.cat([torch.cat([r.no_null[r.free_pos], torch.zeros_like(p, dtype=torch.bool)])
+                                for r, p in zip(rows, pins, strict=True)])  # (K,)
+            processed[:, null_id].masked_fill_(banned, _BANNED_LOGIT)
+        new_soft = model.soft_embeddings(processed) if live_sc else None  # (K, M): next step's self-conditioning
         self.forward_s += time.perf_counter() - t0
         V = model.config.vocab_size
+        off = 0
         for b, row in enumerate(rows):
-            # Everything per row runs over the row's own used slots, so its random streams (and tokens) do not
-            # depend on what it was batched with.
-            m = row.used
-            stats = step_stats(processed[b : b + 1, :m], row.noise)  # (1, m)
+            # Everything per row runs over the row's own slots, so its random streams (and tokens) do not depend on
+            # what it was batched with.
+            m, (n_free, n_pin) = row.used, sizes[b]
+            stats = step_stats_at(processed[off : off + n_free], row.free_pos, m, row.noise)  # (1, m)
             free = row.free[None, :m]
             pinned, pinned_ids = row.pinned[:m], row.pinned_ids[:m]
             accepted = select_accepted(stats.entropy, free, row.cfg.entropy_bound)[0]  # (m,)
             renoise = row.noise.uniform_tokens((1, m), V, model.device)[0]
             row.canvas[:m] = torch.where(pinned, pinned_ids, torch.where(accepted, stats.sample[0], renoise))
             row.argmax[:m] = torch.where(pinned, pinned_ids, stats.argmax[0])
-            row.soft = new_soft[b, :m]
+            if new_soft is not None:
+                row.soft = new_soft.new_empty(m, new_soft.shape[1])
+                row.soft[torch.cat([row.free_pos, row.pinned_pos])] = new_soft[off : off + n_free + n_pin]
+            off += n_free + n_pin
             row.remaining -= 1
             row.step_in_canvas += 1
             row.steps += 1
@@ -366,7 +385,7 @@ class Engine:
             stop = bool(row.stopping.update(row.argmax[None, :m], stats.entropy, free)[0]) or row.remaining == 0
             if stop or row.step_in_canvas % row.req.stream_every == 0:
                 entropy = torch.zeros(L, device=model.device)
-                entropy[:m] = torch.where(free[0], stats.entropy[0], 0.0)
+                entropy[:m] = stats.entropy[0]  # 0 on pinned slots: never sampled
                 accepted_all = torch.zeros(L, dtype=torch.bool, device=model.device)
                 accepted_all[:m] = accepted
                 row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,

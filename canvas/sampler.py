@@ -12,6 +12,9 @@ Editing extension (ours): pinned slots always hold their token, are never renois
 ranking or the stopping statistics, and are forced in the committed (argmax) canvas. With no pins, every function
 here reproduces the reference bit for bit given the same random stream.
 
+`step_stats_at` runs the per-slot work only for the slots that are sampled (the engine's free slots): pinned slots
+get no logits, no sample and no entropy.
+
 Randomness comes from a `NoiseSource`: `ReferenceNoise` replays the reference's calls on a generator (the global
 one by default) for parity tests; `GumbelNoise` is the fast path, which samples inside the fused sampler step and
 never builds a probability tensor. Legend: B rows, L canvas slots, V vocabulary.
@@ -237,6 +240,20 @@ def step_stats(processed: Tensor, noise: NoiseSource) -> StepStats:
         entropies.append(out.entropy)
     sample = ref_sample if ref_sample is not None else torch.cat(samples).view(B, L)
     return StepStats(sample, torch.cat(argmaxes).view(B, L), torch.cat(entropies).view(B, L))
+
+
+def step_stats_at(processed: Tensor, slots: Tensor, length: int, noise: NoiseSource) -> StepStats:
+    """`step_stats` of one canvas of `length` slots sampled only at `slots` (K,), whose processed logits are the
+    rows of `processed` (K, V), in that order (the engine asks the model for nothing else: pinned slots need no
+    logits). Returns (1, length) stats; a slot not in `slots` gets sample and argmax -1 (callers force pinned
+    tokens there) and entropy 0. The random draws go to the K sampled slots in order."""
+    sample = torch.full((1, length), -1, dtype=torch.long, device=processed.device)
+    argmax = sample.clone()
+    entropy = torch.zeros(1, length, device=processed.device)
+    if slots.numel():
+        stats = step_stats(processed[None], noise)  # (1, K)
+        sample[0, slots], argmax[0, slots], entropy[0, slots] = stats.sample[0], stats.argmax[0], stats.entropy[0]
+    return StepStats(sample, argmax, entropy)
 
 
 def select_accepted(entropy: Tensor, free: Tensor, entropy_bound: float) -> Tensor:

@@ -3,7 +3,9 @@
 - `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
   their window) and returns the AR next-token logits.
 - `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
-  (softmax of the previous step's logits @ embeddings through a gated MLP) when given.
+  (softmax of the previous step's logits @ embeddings through a gated MLP) when given; skipped, exactly, while that
+  MLP is all zeros (`SelfConditioning.inert`, a converted checkpoint). `logits_at` runs the final norm and the LM
+  head only for the slots a caller samples (pinned slots need none).
 Each layer: attention (q/k norm, RoPE, scale 1, k-as-v on full layers) -> dense gated MLP beside routed experts
 (router with per-expert scale, top-k renormalised) -> layer scalar; embeddings tied, scaled by sqrt(hidden).
 Numerics follow `transformers/models/diffusion_gemma/modeling_diffusion_gemma.py` (v5.23.0) exactly; the parity
@@ -161,11 +163,22 @@ class SelfConditioning(nn.Module):
         self.pre_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
         self.down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
+        self._inert: tuple[tuple[int, ...], bool] | None = None  # (weights' identity and versions, answer)
+
+    def inert(self) -> bool:
+        """True when the gated MLP maps every (finite) signal to exactly zero: its down or its gate/up projection is
+        all zeros, as a converted checkpoint starts. Self-conditioning then changes nothing, so callers may skip
+        computing its signal. Cached until either weight is replaced or modified in place (its version counter)."""
+        key = tuple(x for w in (self.gate_up, self.down) for x in (w.data_ptr(), w._version))
+        if self._inert is None or self._inert[0] != key:
+            self._inert = (key, not bool(self.down.any()) or not bool(self.gate_up.any()))
+        return self._inert[1]
 
     def forward(self, embeds: Tensor, soft: Tensor | None) -> Tensor:
         """embeds (B, L, M) + gated MLP of the soft embeddings (B, L, M), then an unscaled RMSNorm."""
-        if soft is None:
-            # A zero signal passes the MLP as exactly zero (gelu(0) * 0 = 0): skip the work.
+        if soft is None or (not torch.is_grad_enabled() and self.inert()):
+            # A zero signal, or a zero MLP, adds exactly zero (gelu(0) * 0 = 0): skip the work. Not under grad: a
+            # zero projection still has a gradient to learn from.
             return rms_norm(embeds, None, self.eps)
         h = rms_norm(soft, self.pre_norm, self.eps)
         gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
@@ -232,7 +245,7 @@ class DiffusionModel(nn.Module):
         return F.embedding(ids, self.embed) * torch.tensor(self.config.embed_scale, dtype=self.dtype)
 
     def logits(self, h: Tensor) -> Tensor:
-        """Final norm, tied LM head, fp32 softcap. (B, T, M) -> (B, T, V) fp32."""
+        """Final norm, tied LM head, fp32 softcap. (..., M) -> (..., V) fp32."""
         out = F.linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.embed).float()
         cap = self.config.final_logit_softcapping
         if not cap:
@@ -328,25 +341,30 @@ class DiffusionModel(nn.Module):
 
     # ---- decoder ----------------------------------------------------------------------------------------------
     def soft_embeddings(self, self_conditioning_logits: Tensor) -> Tensor:
-        """softmax(logits) @ embeddings * sqrt(M): (B, L, V) -> (B, L, M)."""
-        B, L, V = self_conditioning_logits.shape
-        soft = soft_embedding(self_conditioning_logits.reshape(B * L, V), self.embed, scale=self.config.embed_scale)
-        return soft.view(B, L, -1)
+        """softmax(logits) @ embeddings * sqrt(M): (..., V) -> (..., M), e.g. (B, L, V) or the (K, V) of `logits_at`."""
+        *lead, V = self_conditioning_logits.shape
+        soft = soft_embedding(self_conditioning_logits.reshape(-1, V), self.embed, scale=self.config.embed_scale)
+        return soft.view(*lead, -1)
 
     @torch.no_grad()
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_conditioning_logits: Tensor | None = None,
-                *, soft_embeddings: Tensor | None = None, canvas_mask: Tensor | None = None) -> Tensor:
+                *, soft_embeddings: Tensor | None = None, canvas_mask: Tensor | None = None,
+                logits_at: Tensor | None = None) -> Tensor:
         """Bidirectional pass over a canvas (B, L) reading `cache`; returns softcapped fp32 logits (B, L, V).
 
         Self-conditioning comes from the previous step's processed logits (B, L, V), or directly as their soft
         embeddings (B, L, M) when the caller computed them (the fused kernel path). `canvas_mask` (B, L) bool marks
-        the slots in use: the others are hidden from every query (their own outputs are meaningless)."""
+        the slots in use: the others are hidden from every query (their own outputs are meaningless).
+        `logits_at` asks for the logits of some slots only, (K, V) in its order: flat slot indices b * L + l (K,)
+        long, or a (B, L) bool mask (row-major order). Only those K hidden states go through the final norm, the
+        LM head and the softcap (the head is the vocabulary-sized part of a step); every slot still runs the layers,
+        so the values equal the full pass's rows."""
         if canvas_ids.dim() != 2:
             raise ValueError(f"canvas_ids must be (batch, canvas_length), got shape {tuple(canvas_ids.shape)}")
         B, L = canvas_ids.shape
         if cache.batch_size != B:
             raise ValueError(f"cache batch size {cache.batch_size} != canvas batch size {B}")
-        if self_conditioning_logits is not None and soft_embeddings is None:
+        if self_conditioning_logits is not None and soft_embeddings is None and not self.self_conditioning.inert():
             soft_embeddings = self.soft_embeddings(self_conditioning_logits)
         x = self.self_conditioning(self.embed_tokens(canvas_ids), soft_embeddings)  # (B, L, M)
         dev = canvas_ids.device
@@ -369,4 +387,12 @@ class DiffusionModel(nn.Module):
                 k, v = torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)
             return k, v, masks[cache.layers[i].sliding]
 
-        return self.logits(self.run_layers(x, positions, read_cache, decoder=True))
+        h = self.run_layers(x, positions, read_cache, decoder=True)  # (B, L, M)
+        if logits_at is None:
+            return self.logits(h)
+        if logits_at.dtype == torch.bool:
+            if logits_at.shape != (B, L):
+                raise ValueError(f"logits_at mask must be (batch, canvas_length) = {(B, L)}, "
+                                 f"got {tuple(logits_at.shape)}")
+            logits_at = logits_at.reshape(-1).nonzero().squeeze(1)
+        return self.logits(h.reshape(B * L, -1).index_select(0, logits_at))  # (K, V)

@@ -20,6 +20,7 @@ from typing import Any
 
 from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
 from canvas.engine import Engine, GenRequest
+from canvas.model.cpu import DtypeChoice
 from canvas.sampler import SamplerConfig, load_sampler_defaults
 
 # A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
@@ -80,16 +81,26 @@ def _special_id(tok: Any, attr: str, token: str | None = None) -> int | None:
     return None
 
 
-def load_backend(model_dir: str | Path, *, max_batch: int = 8) -> Backend:
-    """Load the model and tokenizer in `model_dir` and start nothing yet (the server starts the engine)."""
+def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoice = "auto",
+                 threads: int | None = None) -> Backend:
+    """Load the model and tokenizer in `model_dir` and start nothing yet (the server starts the engine).
+
+    `dtype` "auto" picks what this CPU computes fastest (`canvas.model.cpu`: bf16 on AMX / avx512_bf16 CPUs where a
+    probe confirms it, fp32 elsewhere and for small models; `DCANVAS_DTYPE` overrides). `threads` sets torch's
+    intra-op threads, by default to the physical cores this process may use. The process's allocator keeps large
+    freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`)."""
     from transformers import AutoTokenizer
 
     from canvas.model import load_pretrained
+    from canvas.model.cpu import configure_allocator, configure_threads, parameter_count, resolve_dtype
+    from canvas.model.io import read_config
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
-    model = load_pretrained(path)
+    configure_threads(threads)  # before the probe in resolve_dtype, which times at this thread count
+    configure_allocator()
+    model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path))))
     sampler_defaults = load_sampler_defaults(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     null_id = _special_id(tok, "null_token_id", "<null>")

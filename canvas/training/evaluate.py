@@ -441,7 +441,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--card: {card} does not exist (export the model first)")
     try:
         docs = read_documents(args.data)
-        backend = load_backend(model_dir, max_batch=1)
+        backend = load_backend(model_dir, max_batch=1, threads=max(1, args.threads))
     except (EvalError, FileNotFoundError, ValueError) as exc:
         return fail(str(exc))
     try:

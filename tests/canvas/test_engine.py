@@ -262,3 +262,92 @@ def test_gap_min_fill_keeps_the_head_of_a_gap_for_text(model: DiffusionModel, mo
     assert null not in canvas[0:3] and canvas[3] == null  # ceil(0.75 * 4) = 3 slots of text
     assert null not in canvas[8:14] and canvas[14:16] == (null, null)
     assert null not in canvas[20:]
+
+
+def _dense(model: DiffusionModel, monkeypatch, *, sc_live: bool | None = None) -> list[int]:
+    """Make `model` compute every slot's logits (the dense head) and hand the engine the rows it asked for; with
+    `sc_live`, also force whether the engine sees its self-conditioning as live. Returns the logits rows per call."""
+    original = model.denoise
+    asked: list[int] = []
+
+    def dense(canvas_ids, *a, logits_at=None, **k):
+        full = original(canvas_ids, *a, **k)  # (B, n, V)
+        asked.append(len(logits_at))
+        return full.reshape(-1, full.shape[-1]).index_select(0, logits_at)
+
+    monkeypatch.setattr(model, "denoise", dense)
+    if sc_live is not None:
+        monkeypatch.setattr(model.self_conditioning, "inert", lambda: not sc_live)
+    return asked
+
+
+def _infill_requests(model: DiffusionModel) -> list[GenRequest]:
+    """Every third slot pinned; a gap between pinned runs in a shorter window; a whole free canvas."""
+    gap = (True,) * 6 + (False,) * 9 + (True,) * 7
+    return [
+        request(model, 21),
+        GenRequest((2, 9, 4), tuple(range(10, 10 + len(gap))), gap, SamplerConfig(max_steps=5, seed=22)),
+        GenRequest((5, 6), config=SamplerConfig(max_steps=4, seed=23)),
+    ]
+
+
+def _same_runs(a: tuple[list[Done], list[list[Frame]]], b: tuple[list[Done], list[list[Frame]]]) -> None:
+    assert [d.canvases for d in a[0]] == [d.canvases for d in b[0]]
+    for fa, fb in zip(a[1], b[1], strict=True):
+        assert [(f.draft, f.accepted) for f in fa] == [(f.draft, f.accepted) for f in fb]
+        torch.testing.assert_close(torch.tensor([f.entropy for f in fa]), torch.tensor([f.entropy for f in fb]))
+
+
+def test_sparse_head_gives_the_dense_tokens(model: DiffusionModel, monkeypatch) -> None:
+    """The engine asks the model for the logits of the slots a step reads (free slots, plus the pinned ones while
+    self-conditioning is live); computing every slot's logits and keeping those rows gives the same tokens, frames
+    and entropies, batched or alone."""
+    reqs = _infill_requests(model)
+    sparse = run(Engine(model, max_batch=8), reqs)
+    alone = [run(Engine(model, max_batch=1), [r])[0][0].canvases for r in reqs]
+    assert [d.canvases for d in sparse[0]] == alone
+    asked = _dense(model, monkeypatch)
+    _same_runs(run(Engine(model, max_batch=8), reqs), sparse)
+    # Live self-conditioning (a random model's): each used slot's logits, pinned ones too, on the first step.
+    assert asked[0] == sum(len(r.slot_ids) or model.config.canvas_length for r in reqs)
+
+
+def test_inert_self_conditioning_skips_pinned_logits(model: DiffusionModel, monkeypatch) -> None:
+    """With a zero self-conditioning MLP (a converted checkpoint) only free slots get logits and no soft embedding
+    is computed; the tokens equal those of a dense path that computes every slot's logits and the soft embeddings
+    (the engine before this skip)."""
+    inert = DiffusionModel(model.config).eval()
+    inert.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        inert.self_conditioning.down.zero_()
+    reqs = _infill_requests(model)
+    soft_calls: list[int] = []
+    original_soft = inert.soft_embeddings
+    monkeypatch.setattr(inert, "soft_embeddings", lambda x: soft_calls.append(1) or original_soft(x))
+    asked = _dense(inert, monkeypatch)
+    sparse = run(Engine(inert, max_batch=8), reqs)
+    n_free = sum(sum(not p for p in r.pinned) if r.slot_ids else model.config.canvas_length for r in reqs)
+    assert asked[0] == n_free and not soft_calls
+    monkeypatch.undo()
+    _dense(inert, monkeypatch, sc_live=True)
+    _same_runs(run(Engine(inert, max_batch=8), reqs), sparse)
+
+
+def test_pinned_slots_keep_their_self_conditioning_signal(model: DiffusionModel, monkeypatch) -> None:
+    """While self-conditioning is live, every used slot, pinned ones included, gets at step t + 1 the soft
+    embeddings of its own step-t logits at step t's temperature, as training and the reference feed it."""
+    req = request(model, 31, config=SamplerConfig(max_steps=3, stability_threshold=4, seed=31))
+    original = model.denoise
+    seen: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+
+    def record(canvas_ids, cache, *a, soft_embeddings=None, logits_at=None, **k):
+        seen.append((soft_embeddings, original(canvas_ids, cache, *a, soft_embeddings=soft_embeddings, **k)[0]))
+        return original(canvas_ids, cache, *a, soft_embeddings=soft_embeddings, logits_at=logits_at, **k)
+
+    monkeypatch.setattr(model, "denoise", record)
+    run(Engine(model), [req])
+    assert len(seen) == 3 and seen[0][0] is None
+    for step, ((_, logits), (soft, _)) in enumerate(zip(seen, seen[1:], strict=False)):
+        assert soft is not None
+        want = model.soft_embeddings(logits / req.config.temperature(req.config.max_steps - step))  # (L, M)
+        torch.testing.assert_close(soft[0], want, rtol=1e-5, atol=1e-5)

@@ -75,3 +75,53 @@ def test_grown_cache_continues_like_the_original(model: DiffusionModel) -> None:
     assert small.length == ids.shape[1]
     with pytest.raises(ValueError, match="below"):
         small.grown(2)
+
+
+def test_logits_at_equals_the_full_pass_rows(model: DiffusionModel) -> None:
+    """`logits_at` (flat indices in any order, or a bool mask) gives the full pass's rows, batched and masked too:
+    only the head is skipped, every slot still runs the layers. (Equal up to the GEMM's rounding: BLAS may sum a
+    product of a few rows in another order than the same rows inside a bigger product.)"""
+    cfg = model.config
+    g = torch.Generator().manual_seed(4)
+    _, c1 = model.encode(torch.randint(3, cfg.vocab_size, (1, 5), generator=g), logits="none")
+    _, c2 = model.encode(torch.randint(3, cfg.vocab_size, (1, cfg.sliding_window + 2), generator=g), logits="none")
+    cache = KVCache.stack([c1, c2])
+    L = cfg.canvas_length
+    canvas = torch.randint(0, cfg.vocab_size, (2, L), generator=g)
+    used = torch.arange(L)[None] < torch.tensor([[L - 7], [L]])  # row 0 uses fewer slots
+    sc = torch.randn(2, L, cfg.vocab_size, generator=g)
+    full = model.denoise(canvas, cache, sc, canvas_mask=used).reshape(2 * L, -1)  # (B*L, V)
+    index = torch.tensor([L + 3, 0, 5, 2 * L - 1, 1])
+    close = dict(rtol=1e-5, atol=1e-5)
+    sparse = model.denoise(canvas, cache, sc, canvas_mask=used, logits_at=index)
+    torch.testing.assert_close(sparse, full[index], **close)
+    pick = torch.rand(2, L, generator=g) < 0.3
+    sparse = model.denoise(canvas, cache, sc, canvas_mask=used, logits_at=pick)
+    torch.testing.assert_close(sparse, full[pick.reshape(-1)], **close)
+    assert model.denoise(canvas, cache, logits_at=index[:0]).shape == (0, cfg.vocab_size)
+    with pytest.raises(ValueError, match="logits_at mask"):
+        model.denoise(canvas, cache, logits_at=pick[:, :4])
+
+
+def test_a_zero_self_conditioning_mlp_is_skipped_exactly(model: DiffusionModel) -> None:
+    """A converted checkpoint's self-conditioning MLP starts all zeros: `inert` says so, the signal is then not
+    computed, and the logits are exactly those of no signal. Writing the weight back makes it live again."""
+    sc_mod = model.self_conditioning
+    cfg = model.config
+    g = torch.Generator().manual_seed(5)
+    _, cache = model.encode(torch.randint(3, cfg.vocab_size, (1, 6), generator=g), logits="none")
+    canvas = torch.randint(0, cfg.vocab_size, (1, cfg.canvas_length), generator=g)
+    sc = torch.randn(1, cfg.canvas_length, cfg.vocab_size, generator=g)
+    assert not sc_mod.inert()
+    live = model.denoise(canvas, cache, sc)
+    saved = sc_mod.down.detach().clone()
+    try:
+        with torch.no_grad():
+            sc_mod.down.zero_()
+        assert sc_mod.inert()
+        assert torch.equal(model.denoise(canvas, cache, sc), model.denoise(canvas, cache))
+    finally:
+        with torch.no_grad():
+            sc_mod.down.copy_(saved)
+    assert not sc_mod.inert()
+    assert torch.equal(model.denoise(canvas, cache, sc), live)

@@ -124,3 +124,24 @@ def test_save_roundtrip_loads_in_transformers(pair, tmp_path: Path) -> None:
     our_enc, our_dec = run_ours(ours, spec, prompt, None, [canvas], [None])
     assert_close_rel(our_enc, ref_enc, "encoder after save")
     assert_close_rel(our_dec[0], ref_dec[0], "decoder after save")
+
+
+def test_zero_self_conditioning_matches_reference(pair) -> None:
+    """A converted checkpoint's all-zero self-conditioning MLP: we skip it (`SelfConditioning.inert`), the reference
+    runs it on the signal; the decoder logits still agree."""
+    import copy
+
+    spec, ref, ours = pair
+    ref, ours = copy.deepcopy(ref), copy.deepcopy(ours)
+    with torch.no_grad():
+        ref.model.decoder.self_conditioning.down_proj.weight.zero_()
+        ours.self_conditioning.down.zero_()
+    assert ours.self_conditioning.inert()
+    g = torch.Generator().manual_seed(8)
+    prompt = torch.randint(3, spec.vocab_size, (1, 6), generator=g)
+    canvas = torch.randint(0, spec.vocab_size, (1, spec.canvas_length), generator=g)
+    sc = [4.0 * torch.randn(1, spec.canvas_length, spec.vocab_size, generator=g)]
+    with torch.no_grad():
+        _, ref_dec = run_reference(ref, spec, prompt, None, [canvas], sc)
+    _, our_dec = run_ours(ours, spec, prompt, None, [canvas], sc)
+    assert_close_rel(our_dec[0], ref_dec[0], f"{spec.name} decoder logits (zero self-conditioning)")
