@@ -79,11 +79,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = True
     log(f"torch {torch.__version__} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}; model {args.model}")
 
+    base = None
+    if args.base_staged:
+        from canvas.training.gpu_base import unpack as unpack_base
+
+        base = str(unpack_base(Path(args.base_staged), Path(args.work) / "base"))
+        log(f"base from {args.base_staged} -> {base}")
     cfg = TrainConfig(
         model=args.model, tokens_dir=args.tokens_dir, tokenizer_dir=args.tokenizer_dir, seed=args.seed,
         batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps, max_steps=10**9,
         log_every=args.log_every, eval_every=10**9, eval_batches=args.eval_batches, checkpoint_minutes=1e9,
-        bf16=on_gpu,
+        bf16=on_gpu, base=base, lora_rank=args.lora_rank,
     )  # fmt: skip
     trainer = Trainer(Path(args.work), cfg, device=device)
     if args.init:
@@ -111,7 +117,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         log(f"step {trainer.state.step}: valid {valid}")
         score = valid["valid_denoise"] + valid["valid_ar"]
         if score < best["score"]:
-            weights = {k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()}
+            # A base run keeps only its trained tensors, in bf16 (the committed adapters' precision).
+            dtype = torch.bfloat16 if base else None
+            weights = {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in trainer.model_state().items()}
             best.update(valid, score=score, step=trainer.state.step, weights=weights,
                         state=dataclasses.asdict(trainer.state))
 
@@ -168,7 +176,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- here ---------------------------------------------------------------------------------------------------------
-def unpack(files: Path, run: Path, *, tokens_dir: str, tokenizer_dir: str, corpus_dir: str) -> Trainer:
+def unpack(files: Path, run: Path, *, tokens_dir: str, tokenizer_dir: str, corpus_dir: str,
+           base: str | None = None) -> Trainer:
     """Join and check the returned parts; write `run` (weights-only checkpoint, config with local paths, curve)."""
     result_path = files / RESULT
     if not result_path.is_file():
@@ -187,10 +196,14 @@ def unpack(files: Path, run: Path, *, tokens_dir: str, tokenizer_dir: str, corpu
     if _sha256(data) != result["sha256"]:
         raise JobError("the joined parts' sha256 differs from result.json")
     payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    payload["model"] = {k: v.float() for k, v in payload["model"].items()}
     cfg = TrainConfig.from_json(payload["train_config"])
     # Local data and fp32: a continuation here runs on the CPU.
+    if cfg.base is not None and base is None:
+        raise JobError("these are adapters: name the local base they were trained for with --base")
     cfg = dataclasses.replace(cfg, tokens_dir=tokens_dir, tokenizer_dir=tokenizer_dir, corpus_dir=corpus_dir,
-                              bf16=False, eval_every=TrainConfig().eval_every, checkpoint_minutes=5.0)
+                              bf16=False, eval_every=TrainConfig().eval_every, checkpoint_minutes=5.0,
+                              base=base if cfg.base is not None else None)
     trainer = Trainer(run, cfg)
     ours = trainer.train_data.meta.get("tokenizer_sha256")
     if payload["tokens_meta"].get("tokenizer_sha256") != ours:
@@ -231,19 +244,23 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--tokenizer-dir", dest="tokenizer_dir", default="data/tokenizer")
     t.add_argument("--work", default="/tmp/dcanvas-gpu-run", help="the run's scratch directory")
     t.add_argument("--allow-cpu", dest="allow_cpu", action="store_true", help="run without CUDA (smoke test)")
+    t.add_argument("--base-staged", dest="base_staged", default=None,
+                   help="fine-tune the converted base staged here (canvas.training.gpu_base) under adapters")
+    t.add_argument("--lora-rank", dest="lora_rank", type=int, default=16)
     u = sub.add_parser("unpack", help="turn the returned files into a run directory (here)")
     u.add_argument("files", type=Path, help="folder holding result.json and the weights.pt.* parts")
     u.add_argument("--run", type=Path, required=True)
     u.add_argument("--tokens-dir", dest="tokens_dir", default="data/tokens")
     u.add_argument("--tokenizer-dir", dest="tokenizer_dir", default="data/tokenizer")
     u.add_argument("--corpus-dir", dest="corpus_dir", default="data/corpus")
+    u.add_argument("--base", default=None, help="for an adapter run: the exact local base they apply to")
     args = parser.parse_args(argv)
     try:
         if args.what == "train":
             train(args)
         else:
             trainer = unpack(args.files, args.run, tokens_dir=args.tokens_dir, tokenizer_dir=args.tokenizer_dir,
-                             corpus_dir=args.corpus_dir)
+                             corpus_dir=args.corpus_dir, base=args.base)
             print(f"{args.run}: step {trainer.state.step}; export with "
                   f"`dcanvas train --run {args.run} --export-only --export DIR`")
     except (JobError, ValueError, FileNotFoundError) as exc:

@@ -255,7 +255,7 @@ class Trainer:
     def save(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         payload = {
-            "model": self._model_state(),
+            "model": self.model_state(),
             "optimizer": self.optimizer.state_dict(),
             "state": asdict(self.state),
             "train_config": self.cfg.to_json(),
@@ -286,7 +286,7 @@ class Trainer:
         self.state = RunState(**payload["state"])
         return True
 
-    def _model_state(self) -> dict[str, torch.Tensor]:
+    def model_state(self) -> dict[str, torch.Tensor]:
         """What a checkpoint keeps: every weight, or only the trained ones when fine-tuning a frozen base."""
         if self.cfg.base is not None:
             from canvas.training.adapt import adapter_tensors
