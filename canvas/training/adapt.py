@@ -52,7 +52,8 @@ def attach_lora(model: DiffusionModel, rank: int, alpha: float, seed: int = 0) -
         p = getattr(module, leaf)
         p.requires_grad_(is_full_tensor(name, shape, n))
         if is_lora_target(name, n):
-            parametrize.register_parametrization(module, leaf, LoRA(shape[0], shape[1], rank, alpha, gen))
+            lora = LoRA(shape[0], shape[1], rank, alpha, gen).to(p.device)  # drawn on the CPU: same on any device
+            parametrize.register_parametrization(module, leaf, lora)
             original: Tensor = getattr(module.parametrizations, leaf).original
             original.requires_grad_(False)
 

@@ -214,7 +214,7 @@ def compute_losses(model: DiffusionModel, batch: Batch, cfg: ObjectiveConfig, ge
             temperature = lo + (hi - lo) * torch.rand(len(rows), generator=gen)  # (S,)
             first = first / temperature.to(device)[:, None, None]
         soft = torch.zeros(B, noisy.shape[1], model.config.hidden_size, device=device, dtype=model.dtype)
-        soft = soft.index_copy(0, rows, soft_embeddings(model, first))
+        soft = soft.index_copy(0, rows, soft_embeddings(model, first).to(soft.dtype))
     hidden_dec = decoder_pass(model, noisy, kv, P, soft, balance, return_hidden=True)  # (B, L, M)
     target = batch.canvas_clean.to(device)
     ce = _token_ce(model, hidden_dec, target)  # (B, L)
