@@ -332,8 +332,12 @@ class Trainer:
             losses = compute_losses(self.model, batch, self.cfg.objective, gen)
         self.optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, self.cfg.grad_clip))
+        # The clip sees the ordinary parameters only. A converted model's linear-regime norms (lr-scaled groups)
+        # have gradients ~1e6 times larger by construction (the outer norm divides by sqrt(eps)): in one global
+        # norm they would shrink every other gradient below Adam's eps and stall training (seen on the first GPU
+        # run: grad norm 2e6). Adam normalises their steps, and their own lr scale sizes them.
+        ordinary = [p for g in self.optimizer.param_groups if g.get("lr_scale", 1.0) == 1.0 for p in g["params"]]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(ordinary, self.cfg.grad_clip))
         self.optimizer.step()
         self.state.step += 1
         self.state.tokens_seen += int(batch.encoder_ids.numel())
