@@ -113,7 +113,7 @@ _GENERATION_KEYS = {
 # Settings of ours that transformers' DiffusionGemma generation config would reject (it refuses unknown keys): they
 # live beside it in this file of the model directory.
 EXTRA_FILE = "dcanvas_sampler.json"
-_EXTRA_KEYS = ("gap_min_fill",)
+_EXTRA_KEYS = ("gap_min_fill", "ar_temperature")
 
 
 def extra_settings(cfg: SamplerConfig) -> dict[str, Any]:

@@ -29,8 +29,9 @@ import torch
 from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
 from canvas.convert.source import GGUF_PACKAGE, cache_hf, gguf_from_wheels, load_gemma3, notice_files, sha256_file
 from canvas.model import DiffusionModel
+from canvas.sampler import SamplerConfig
 
-BUILD_VERSION = 1  # bump when the pipeline's output changes for the same inputs
+BUILD_VERSION = 2  # bump when the pipeline's output changes for the same inputs
 HERE = Path(__file__).resolve().parent
 CALIBRATION = HERE / "calibration.jsonl"
 ADAPTERS = HERE.parents[0] / "assets" / "gemma3-adapters"  # part 2's trained weights, when committed
@@ -173,7 +174,9 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
         steps("applying the trained weights")
         model = apply_adapters(model, ADAPTERS)
     steps("writing the model")
-    model.save_pretrained(str(tmp))
+    # AR mode samples at 0.7: greedy decoding of a 270M base model loops ("beautiful, beautiful, ..."), as the
+    # original Gemma 3 does; the diffusion sampler's defaults stay the reference's until the fine-tune sets them.
+    model.save_pretrained(str(tmp), sampler=SamplerConfig(ar_temperature=0.7))
     for f in notice_files():
         shutil.copy(f, tmp / f.name)
     (tmp / "README.md").write_text(_card(cfg, model, fits))
