@@ -5,8 +5,9 @@ in git as `adapters.safetensors` + `adapters.json` (at most ~60 MB):
 - low-rank adapters on the converted matrices (`LORA_TARGETS` of every layer but the last): `W += B @ A * scale`;
 - the parts the conversion created or that stay small, stored whole: self-conditioning, routed experts and
   router, every norm and scale, the final norm, and the appended full-attention layer (`is_full_tensor`).
-The embedding (and the tied head) and the conversion's constants (`FROZEN`) stay the base's. `adapters.json` records the rank, scale, the base's config
-and the tensors' sha256, so an adapter set is refused on a base of another shape.
+The embedding (and the tied head) and the conversion's constants (`FROZEN`) stay the base's. `adapters.json`
+records the rank, scale, the base's config and the file's sha256, so an adapter set is refused on a base of another
+shape and a damaged one is refused at all.
 """
 
 from __future__ import annotations

@@ -58,10 +58,14 @@ def gguf_from_wheels(cache_dir: Path) -> Path:
 
 
 def notice_files() -> list[Path]:
-    """The Gemma Terms of Use and notice shipped in the GGUF package (copied next to every built model)."""
+    """The Gemma Terms of Use and notice shipped in the GGUF package (copied next to every built model); none when
+    the package is not installed."""
     import importlib.resources
 
-    data = Path(str(importlib.resources.files(GGUF_PACKAGE).joinpath("data")))
+    try:
+        data = Path(str(importlib.resources.files(GGUF_PACKAGE).joinpath("data")))
+    except ModuleNotFoundError:  # a checkpoint from elsewhere (`dcanvas convert`): its own licence applies
+        return []
     return [p for p in (data / "GEMMA_TERMS.html", data / "NOTICE.md") if p.is_file()]
 
 
