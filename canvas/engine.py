@@ -14,8 +14,15 @@ AR rows advance one token (one encoder forward) per step. Rows stop individually
 honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
 context is unchanged.
 
+Requests wait for a row in a `canvas.scheduling.FairQueue`: one lane per `owner`, rows handed out round-robin
+across owners, and a cancelled request leaves the queue at once (its `Done` is sent by `cancel()` itself). `submit`
+can refuse: its `admit` callback sees the request's `Placement` under the queue's lock, so what it checks is what
+the request gets. The engine measures its step time, how many steps generations hold a row, their own first-frame
+time and how far each running row has got (`load()`), from which waits are estimated.
+
 Events go to the request's callback from the engine's thread: a `Frame` every `stream_every` steps (draft argmax
-with pins forced, accepted mask, entropy) and exactly one `Done` (committed slot ids per canvas, stats).
+with pins forced, accepted mask, entropy) and exactly one `Done` (committed slot ids per canvas, stats); a request
+cancelled while queued gets its `Done` on the cancelling thread.
 Run it synchronously with `run_until_idle()` or in a background thread with `start()` / `stop()`.
 """
 
@@ -25,8 +32,8 @@ import itertools
 import math
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,6 +42,7 @@ from torch import Tensor
 
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats_at
+from canvas.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 
 Status = Literal["completed", "cancelled", "failed"]
 _BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 probability
@@ -101,19 +109,31 @@ class Done:
 Event = Frame | Done
 
 
-class GenHandle:
-    """A submitted generation: cancel it, or wait for its `Done`."""
+def _cancelled(handle: GenHandle) -> Done:
+    """The `Done` of a request cancelled before it ran a step."""
+    return Done(handle.id, "cancelled", (), 0, 0, 0, 0.0)
 
-    def __init__(self, gen_id: int, on_event: Callable[[Event], None] | None) -> None:
+
+class GenHandle:
+    """A submitted generation: cancel it, or wait for its `Done`. `position` is where it joined the queue."""
+
+    def __init__(self, gen_id: int, on_event: Callable[[Event], None] | None, request: GenRequest | None = None,
+                 withdraw: Callable[[GenHandle], None] | None = None) -> None:
         self.id = gen_id
+        self.request = request
         self._on_event = on_event
+        self._withdraw = withdraw  # takes it out of the engine's queue if it still waits there
         self._cancel = threading.Event()
         self._done = threading.Event()
         self.result: Done | None = None
         self.frames = 0
+        self.position = 0
 
     def cancel(self) -> None:
+        """Stop it: a queued request leaves the queue now (and gets its `Done`), a running one between steps."""
         self._cancel.set()
+        if self._withdraw is not None:
+            self._withdraw(self)
 
     @property
     def cancelled(self) -> bool:
@@ -154,7 +174,7 @@ class _Row:
         self.no_null = self.null_banned()  # (L,) pins never change, so neither does this
         self.canvases: list[tuple[int, ...]] = []
         self.steps = self.forwards = self.generated = 0
-        self.t0 = time.perf_counter()
+        self.t0 = self.admitted = time.perf_counter()  # admitted: when it left the queue (the engine sets it)
         self.new_canvas(L, device)
 
     def new_canvas(self, L: int, device: torch.device) -> None:
@@ -206,7 +226,10 @@ class Engine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._pending: deque[tuple[GenHandle, GenRequest]] = deque()
+        self._pending: FairQueue[GenHandle] = FairQueue()
+        self._active = 0  # rows taken: running, or popped from the queue and being admitted (under the lock)
+        self.stats = LoadStats()  # updated on the engine's thread under the lock
+        self._progress: tuple[tuple[int, int], ...] = ()  # (steps run, most left) per row, after the last step
         self._rows: list[_Row] = []
         self._stacked: tuple[tuple[tuple[int, int], ...], KVCache] | None = None
         self._contexts: OrderedDict[tuple[int, ...], tuple[KVCache, Tensor]] = OrderedDict()
@@ -216,13 +239,44 @@ class Engine:
         self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
 
     # ---- public API ------------------------------------------------------------------------------------------
-    def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None) -> GenHandle:
+    def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
+               admit: Callable[[Placement], None] | None = None, replacing: GenHandle | None = None) -> GenHandle:
+        """Queue `req` in `owner`'s lane (None: a lane of its own, which makes the queue FIFO). `admit` sees where it
+        would wait and may raise to refuse it (nothing changes then). `replacing`: a request this one supersedes; if
+        it is still queued, this one is placed as if it had gone, and it leaves (cancelled) only if this one enters."""
         req.validate(self.L, self.model.config.vocab_size)
-        handle = GenHandle(next(self._ids), on_event)
+        handle = GenHandle(next(self._ids), on_event, req, self._withdraw)
+        lane = handle if owner is None else owner
         with self._wake:
-            self._pending.append((handle, req))
+            if admit is not None:
+                gone = replacing if replacing is not None and replacing in self._pending else None
+                placement = Placement(self._pending.position(lane, without=gone), self.max_batch - self._active,
+                                      len(self._pending) - (gone is not None), self._pending.owners)
+                admit(placement)
+            replaced = replacing is not None and self._pending.remove(replacing)
+            handle.position = self._pending.push(lane, handle)
             self._wake.notify()
+        if replaced and replacing is not None:
+            replacing._cancel.set()
+            replacing._emit(_cancelled(replacing))
         return handle
+
+    def load(self) -> EngineLoad:
+        with self._lock:
+            s = self.stats
+            return EngineLoad(self.max_batch, self._active, len(self._pending), s.step_s.value, s.first_frame_s.value,
+                              tuple(s.gen_steps), self._progress)
+
+    def queue_order(self) -> list[GenHandle]:
+        """The queued requests in the order they will get rows."""
+        with self._lock:
+            return self._pending.order()
+
+    def _withdraw(self, handle: GenHandle) -> None:
+        with self._lock:
+            removed = self._pending.remove(handle)
+        if removed:
+            handle._emit(_cancelled(handle))
 
     def busy(self) -> bool:
         with self._lock:
@@ -260,6 +314,7 @@ class Engine:
     @torch.no_grad()
     def step(self) -> bool:
         """Admit, run one batched step, retire. Returns whether any work remains."""
+        t0 = time.perf_counter()
         self._admit()
         for row in [r for r in self._rows if r.handle.cancelled]:
             self._finish(row, "cancelled")
@@ -275,25 +330,49 @@ class Engine:
                 self._ar_step(row)
             except Exception as e:
                 self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+        rows = tuple((r.steps, self._left(r)) for r in self._rows)
         with self._lock:
+            if diffusion or self._rows:
+                self.stats.step_s.add(time.perf_counter() - t0)
+            self._progress = rows
             return bool(self._pending or self._rows)
+
+    def _left(self, row: _Row) -> int:
+        """The most steps `row` may still run: its step budget (AR: a step a token), later canvases included."""
+        later = row.req.n_canvases - len(row.canvases) - 1
+        if row.cfg.mode == "ar":
+            return row.used - row.ar_pos + later * self.L
+        return row.remaining + later * row.cfg.max_steps
 
     def _admit(self) -> None:
         while len(self._rows) < self.max_batch:
             with self._lock:
-                if not self._pending:
+                handle = self._pending.pop()
+                if handle is None:
                     return
-                handle, req = self._pending.popleft()
-            if handle.cancelled:
-                handle._emit(Done(handle.id, "cancelled", (), 0, 0, 0, 0.0))
+                self._active += 1
+            req = handle.request
+            assert req is not None
+            if handle.cancelled:  # cancelled while being popped: cancel() found it gone from the queue
+                self._release()
+                handle._emit(_cancelled(handle))
                 continue
+            t0 = time.perf_counter()
             try:
                 cache, last = self._context(req)
                 row = _Row(handle, req, cache, last, self.L, self.model.device, self._noise_factory(req.config))
             except Exception as e:
+                self._release()
                 handle._emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
                 continue
+            row.admitted = t0
             self._rows.append(row)
+
+    def _release(self, steps: int | None = None) -> None:
+        with self._lock:
+            self._active -= 1
+            if steps:
+                self.stats.gen_steps.append(steps)
 
     def _context(self, req: GenRequest) -> tuple[KVCache, Tensor]:
         """Encoder cache for the request's context: shared read-only when one canvas of diffusion is asked for,
@@ -388,6 +467,7 @@ class Engine:
                 entropy[:m] = stats.entropy[0]  # 0 on pinned slots: never sampled
                 accepted_all = torch.zeros(L, dtype=torch.bool, device=model.device)
                 accepted_all[:m] = accepted
+                self._first_frame(row)
                 row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
                                        tuple(row.argmax.tolist()), tuple(accepted_all.tolist()),
                                        tuple(entropy.tolist()), time.perf_counter() - row.t0))
@@ -430,6 +510,7 @@ class Engine:
         if done or row.step_in_canvas % row.req.stream_every == 0:
             accepted = torch.zeros(self.L, dtype=torch.bool)
             accepted[pos:end] = True
+            self._first_frame(row)
             row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
                                    tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
                                    time.perf_counter() - row.t0))
@@ -462,9 +543,15 @@ class Engine:
         row.valid.fill_(True)
         row.new_canvas(self.L, self.model.device)
 
+    def _first_frame(self, row: _Row) -> None:
+        if row.handle.frames == 0:
+            with self._lock:
+                self.stats.first_frame_s.add(time.perf_counter() - row.admitted)
+
     def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:
         if row in self._rows:
             self._rows.remove(row)
+            self._release(row.steps)
         self._stacked = None
         row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
                               time.perf_counter() - row.t0, error))

@@ -150,7 +150,7 @@ ERROR_TABLE: dict[ErrorCode, tuple[bool, str]] = {
     ErrorCode.NOT_FOUND: (False, "no such document or generation"),
     ErrorCode.STALE_VERSION: (True, "`base_v` is old and the request overlaps what changed since; `data.current_v`"),
     ErrorCode.CONFLICT: (False, "the request contradicts the document (pinned text, nothing to undo, resolved)"),
-    ErrorCode.BUSY: (True, "too many running generations; try again when one is done"),
+    ErrorCode.BUSY: (True, "the generation queue is full (`data` says when to retry) or max_gens_per_session run"),
     ErrorCode.TOO_LARGE: (False, "a frame, text, document or count exceeds `welcome.limits`"),
     ErrorCode.RATE_LIMITED: (True, "too many messages per second on this connection"),
     ErrorCode.INTERNAL: (False, "a server bug; the message says nothing more (details are in the server log)"),

@@ -348,6 +348,10 @@ class GenAccepted(_Reply):
     doc_id: DocId
     base_v: Version
     params: GenParams  # resolved: the seed is filled in
+    # Generations that will start before this one in the engine's queue (0: next in line, or started at once when
+    # an engine row is free), and the estimated wait before its first step (null until the server has measured one).
+    queue_position: Annotated[int, Field(ge=0)] = 0
+    est_wait_s: Annotated[float, Field(ge=0)] | None = None
 
 
 class SlotUpdate(_Model):

@@ -3,8 +3,9 @@
 A Starlette app on uvicorn (`app`): the web client at `/`, `/health`, `/schema`, and the websocket `/ws` that
 speaks dcanvas/1 (docs/protocol.md). Modules: `config` (ServerConfig), `security` (bind/token policy, Origin,
 rate limits), `backend` (model + engine + tokenizer), `state` (sessions, live documents), `hub` (request handlers),
-`gens` (one task per generation), `proposals` (accept, reject), `persist` (change logs and proposals in the store),
-`outbox` (per-connection sending with latest-wins progress), `rebase` (versions).
+`gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept, reject),
+`persist` (change logs and proposals in the store), `outbox` (per-connection sending with latest-wins progress),
+`rebase` (versions).
 
 This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
 """
@@ -43,6 +44,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-host", action="append", default=[], help="also serve this Host header on loopback")
     parser.add_argument("--web", default=None, help="folder served at / (default: the repository's web/)")
     parser.add_argument("--max-batch", type=int, default=8, help="generations stepped together (default 8)")
+    parser.add_argument(
+        "--max-queue",
+        default="auto",
+        help="engine rows a queued generation may wait for before gen.start is refused as busy (HTTP 429); "
+        "'auto' (default) sizes it from the measured step time",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=_serve)
 
@@ -50,6 +57,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from canvas.server.admission import AdmissionConfig
     from canvas.server.config import TOKEN_ENV, ServerConfig
     from canvas.server.embedded import uvicorn_options
 
@@ -62,6 +70,11 @@ def _serve(args: argparse.Namespace) -> int:
         "hosts": tuple(args.allow_host),
         "max_batch": args.max_batch,
     }
+    if args.max_queue != "auto":
+        if not args.max_queue.isdigit():
+            print(f"dcanvas serve: --max-queue must be a number or 'auto', not {args.max_queue!r}")
+            return 2
+        fields["admission"] = AdmissionConfig(max_queue=int(args.max_queue))
     if args.db is not None:
         fields["db"] = args.db
     if args.web is not None:

@@ -29,6 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from canvas import __version__
 from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, parse_client_message
+from canvas.server.admission import Admission
 from canvas.server.backend import Backend, default_model_dir, load_backend
 from canvas.server.config import ServerConfig
 from canvas.server.http_api import HttpApi
@@ -51,8 +52,10 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
         backend = load_backend(model_dir, max_batch=config.max_batch)
     own_store = store is None
     the_store = Store(config.db) if store is None else store
-    hub = Hub(backend, the_store, config.limits, token=config.token)
-    api = HttpApi(config, backend)  # the OpenAI-compatible routes and llama.cpp's /infill, on the same engine
+    # One admission policy for the websocket and the HTTP routes: both wait in the engine's one queue.
+    admission = Admission(backend.engine, config.admission)
+    hub = Hub(backend, the_store, config.limits, token=config.token, admission=admission)
+    api = HttpApi(config, backend, admission=admission)  # the OpenAI-compatible routes and llama.cpp's /infill
     started = time.monotonic()
     schema = json_schema()
 
@@ -78,6 +81,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
                 "documents_open": len(hub.docs),
                 "generations_running": len(hub.gens.runs),
                 "http_generations": api.stats(),
+                "queue": admission.stats(),
                 "uptime_s": round(time.monotonic() - started, 1),
             }
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from canvas.protocol import ServerLimits
+from canvas.server.admission import AdmissionConfig
 from canvas.server.security import default_origins, is_loopback
 
 TOKEN_ENV = "DCANVAS_TOKEN"
@@ -36,6 +37,7 @@ class ServerConfig:
     model_dir: str | None = None  # None: the embedded default model
     limits: ServerLimits = field(default_factory=ServerLimits)
     max_batch: int = 8  # generations the engine runs in one batched step
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # the queue's bound (sized from the load)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

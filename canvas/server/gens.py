@@ -4,8 +4,10 @@ A `Run` is submitted to the engine (which steps every running canvas in one batc
 the engine's events cross to the event loop with `call_soon_threadsafe` and the run's task turns them into
 `gen.progress` deltas (only slots whose token, acceptance or entropy changed) on the owner's `Outbox`, then a
 `gen.done`. Because the run is a task, the session keeps reading requests while it runs: a `gen.cancel`, an
-edit that makes it stale, or a new `gen.start` that supersedes it all stop it between engine steps, and whatever
-stopped it, the engine still reports `Done` and the run still sends its one `gen.done` with the reason.
+edit that makes it stale, a new `gen.start` that supersedes it or the session closing all stop it between engine
+steps (or, while it waits in the engine's queue, take it out of the queue at once), and whatever stopped it, the
+engine still reports `Done` and the run still sends its one `gen.done` with the reason. Admission
+(`canvas.server.admission`) may refuse a `gen.start` with `busy`; `gen.accepted` says where it queued.
 
 While a run is going, a disjoint change may move the document on; the first such change snapshots the document
 at the run's base version, so the proposal is read back against the canvas the engine actually filled. A completed
@@ -41,6 +43,7 @@ from canvas.protocol import (
     SlotUpdate,
 )
 from canvas.sampler import SamplerConfig
+from canvas.server.admission import Busy
 from canvas.server.rebase import Change, conflicts, rebase_range
 from canvas.server.state import LiveDoc, PendingProposal, RecentOutcomes, Session
 
@@ -123,25 +126,32 @@ class Generations:
                     ErrorCode.CONFLICT, "nothing to generate: mask some text or insert a gap in the canvas window"
                 )
             params, config = resolve_params(msg.params, hub.backend.sampler_defaults)  # may refuse: before stopping
-            if live.run is not None:
-                live.run.stop("superseded")
+            old: Run | None = live.run
             region = (min(r.char_start for r in view.free_regions), max(r.char_end for r in view.free_regions))
             run = Run("g-" + secrets.token_hex(6), session, live, msg.id, params, doc.version, region, view.pinned)
             request = hub.backend.request(view, config, stream_every=params.stream_every)
             loop = asyncio.get_running_loop()
 
-            def deliver(ev: Frame | Done) -> None:  # on the engine's thread
+            def deliver(ev: Frame | Done) -> None:  # on the engine's thread (this one for a cancel in the queue)
                 try:
                     loop.call_soon_threadsafe(run.events.put_nowait, ev)
                 except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
                     pass
 
-            run.handle = hub.backend.engine.submit(request, deliver)
+            try:  # a refusal changes nothing: the generation it would supersede keeps running (or waiting)
+                admitted = hub.admission.submit(request, deliver, owner=session.id,
+                                                replacing=None if old is None else old.handle)
+            except Busy as e:
+                raise e.protocol_error() from None
+            if old is not None:
+                old.stop("superseded")  # if it was queued, it has already left the queue
+            run.handle = admitted.handle
             self.runs[run.id] = run
             session.gens.add(run.id)
             live.run = run
             # The reply goes out before the task exists, so it precedes every progress frame.
-            session.send(GenAccepted(re=msg.id, gen=run.id, doc_id=doc.doc_id, base_v=doc.version, params=params))
+            session.send(GenAccepted(re=msg.id, gen=run.id, doc_id=doc.doc_id, base_v=doc.version, params=params,
+                                     queue_position=admitted.placement.position, est_wait_s=admitted.est_wait_s))
             run.task = asyncio.create_task(self._drive(run), name=f"dcanvas-{run.id}")
             hub.broadcast(live, exclude=session)
 

@@ -9,8 +9,10 @@ Security, as for the websocket: a browser page from an origin outside the allow-
 sends; when the server has a token (always, off loopback) every route wants `Authorization: Bearer <token>` (401
 otherwise; compared in constant time); a body over `max_body_bytes` is refused (413) before it is parsed; at most
 `max_running` engine generations come from HTTP at once (429 past that). Generations go through the engine's queue
-like everyone else's, and a client that disconnects has its generation cancelled between engine steps, streaming
-or not (the stream watches the connection, it does not wait for its next write to fail).
+and the server's admission control like everyone else's (`canvas.server.admission`: one lane per client address;
+a full queue is a 429 with `Retry-After`), and a client that disconnects has its generation cancelled (taken out of
+the queue at once, or stopped between engine steps), streaming or not (the stream watches the connection, it does
+not wait for its next write to fail).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +31,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
+from canvas.engine import Done, Frame, GenHandle, GenRequest
+from canvas.server.admission import Admission, Busy
 from canvas.server.backend import Backend
 from canvas.server.config import ServerConfig
 from canvas.server.security import origin_allowed, token_ok
@@ -61,12 +66,18 @@ class ApiLimits:
 
 
 class Refusal(Exception):
-    """A request refused with an HTTP status; `kind` and `param` feed the OpenAI error object."""
+    """A request refused with an HTTP status; `kind` and `param` feed the OpenAI error object. `retry_after`
+    (seconds) becomes a `Retry-After` header."""
 
     def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str] | None:
+        # Retry-After takes whole seconds (RFC 9110 §10.2.3): round up, so a client never comes back too early.
+        return None if self.retry_after is None else {"retry-after": str(max(1, math.ceil(self.retry_after)))}
 
 
 class ClientGone(Exception):
@@ -122,9 +133,11 @@ class EventStream(Response):
 class HttpApi:
     """The state the HTTP dialects share: the backend, the limits, the token, and the counters."""
 
-    def __init__(self, config: ServerConfig, backend: Backend, limits: ApiLimits | None = None) -> None:
+    def __init__(self, config: ServerConfig, backend: Backend, limits: ApiLimits | None = None,
+                 admission: Admission | None = None) -> None:
         self.config, self.backend = config, backend
         self.limits = limits if limits is not None else ApiLimits.for_server(config)
+        self.admission = admission if admission is not None else Admission(backend.engine, config.admission)
         self.running = 0  # engine generations from HTTP now
         self.outcomes: Counter[str] = Counter()  # requests by how they ended
 
@@ -205,12 +218,27 @@ class HttpApi:
             raise ClientGone()
         return job.result()
 
-    def start(self, plan: Plan, task: TextTask) -> TextRun:
-        """The task's generations submitted to the engine, with room reserved for them (429 when there is none)."""
+    @staticmethod
+    def owner(request: Request) -> Hashable:
+        """The admission lane of a request: its client's address (one editor's requests share a lane)."""
+        return ("http", request.client.host if request.client is not None else None)
+
+    def start(self, plan: Plan, task: TextTask, owner: Hashable = ("http", None)) -> TextRun:
+        """The task's generations queued in the engine in `owner`'s lane, with room reserved for them: 429 when HTTP
+        has its share running, or when admission refuses one of them (`Retry-After` then says when to retry)."""
         self.acquire(task.n)
-        run = TextRun(self.backend, plan, task)
+
+        def submit(request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
+            return self.admission.submit(request, deliver, owner=owner).handle
+
+        run = TextRun(self.backend, plan, task, submit)
         try:
             run.start()
+        except Busy as e:
+            run.close()  # choices already queued leave the queue
+            self.release(task.n, "refused")
+            raise Refusal(429, str(e), kind="rate_limit_error", code="server_busy",
+                          retry_after=e.retry_after_s) from None
         except BaseException:
             run.close()
             self.release(task.n, "failed")

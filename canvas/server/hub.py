@@ -65,6 +65,7 @@ from canvas.protocol import (
     Window,
     error_for_exception,
 )
+from canvas.server.admission import Admission
 from canvas.server.backend import Backend
 from canvas.server.gens import Generations
 from canvas.server.persist import encode_change, load_live, positions
@@ -105,8 +106,10 @@ def _length_after(length: int, ops: list[EditOp]) -> int:
 
 
 class Hub:
-    def __init__(self, backend: Backend, store: Store, limits: ServerLimits, token: str | None = None) -> None:
+    def __init__(self, backend: Backend, store: Store, limits: ServerLimits, token: str | None = None,
+                 admission: Admission | None = None) -> None:
         self.backend, self.store, self.limits, self.token = backend, store, limits, token
+        self.admission = admission if admission is not None else Admission(backend.engine)
         self.sessions: dict[str, Session] = {}
         self.docs: dict[str, LiveDoc] = {}
         self.gens = Generations(self)

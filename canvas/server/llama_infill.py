@@ -79,7 +79,8 @@ _REFUSED = {
 def _error(e: Refusal) -> Response:
     kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "unavailable_error",
             500: "server_error"}.get(e.status, "invalid_request_error")
-    return JSONResponse({"error": {"code": e.status, "message": e.message, "type": kind}}, status_code=e.status)
+    return JSONResponse({"error": {"code": e.status, "message": e.message, "type": kind}}, status_code=e.status,
+                        headers=e.headers())
 
 
 def indent_rule(n_indent: int) -> CutRule:
@@ -214,7 +215,7 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
             if task.max_tokens == 0:  # a warm-up: nothing to generate
                 body = _result(api, req, task, the_plan, Finish(0, "length", "", 0, None, 0, 0.0, 0.0))
                 return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
-            run = api.start(the_plan, task)
+            run = api.start(the_plan, task, api.owner(request))
         except Refusal as e:
             return _error(e)
         deadline = _Deadline(run, req.t_max_predict_ms)

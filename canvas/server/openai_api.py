@@ -126,7 +126,7 @@ class ChatRequest(_Common):
 
 def _error(e: Refusal) -> Response:
     body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
-    return JSONResponse(body, status_code=e.status)
+    return JSONResponse(body, status_code=e.status, headers=e.headers())
 
 
 def _parse(model: type[_Common], data: dict[str, Any]) -> Any:
@@ -278,7 +278,7 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         empty = [Finish(i, "length", "", 0, None, 0, 0.0, 0.0) for i in range(task.n)]
         return JSONResponse(_final(rid, created, name, kind, empty, the_plan.prompt_tokens, fresh_turn))
     try:
-        run = api.start(the_plan, task)
+        run = api.start(the_plan, task, api.owner(request))
     except Refusal as e:
         return _error(e)
     if not req.stream:

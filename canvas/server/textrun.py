@@ -1,8 +1,10 @@
 """`TextRun`: the `n` engine generations of one HTTP request, as an async stream of per-choice text events.
 
-Every choice is one `GenRequest` submitted to the server's engine (so HTTP requests queue and batch with the
-websocket sessions' generations). The engine's events cross from its thread with `call_soon_threadsafe`; `events()`
-drains what has arrived, feeds each committed canvas to the choice's `TextReader` and yields:
+Every choice is one `GenRequest` submitted to the server's engine through `submit` (the server's admission
+control, so HTTP requests queue and batch with the websocket sessions' generations; a refusal raises out of `start`,
+and the caller closes the run, which takes the choices already queued out of the queue). The engine's events cross
+from its thread with `call_soon_threadsafe`; `events()` drains what has arrived, feeds each committed canvas to the
+choice's `TextReader` and yields:
 - `Delta`: text that has become final (a committed canvas, less what may still start a stop sequence);
 - `Draft`: the choice's text if the current canvas were committed now, with its step (latest wins: frames that
   arrive together give one draft), for clients that show the canvas converging;
@@ -21,10 +23,10 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from canvas.engine import Done, Frame, GenHandle
+from canvas.engine import Done, Frame, GenHandle, GenRequest
 from canvas.server.backend import Backend
 from canvas.server.textgen import End, Plan, TextReader, TextTask
 
@@ -61,6 +63,8 @@ class Finish:
 
 
 Event = Delta | Draft | Finish
+# How a run puts one choice's request in the engine's queue (the server's admission control; it may raise).
+Submit = Callable[[GenRequest, Callable[[Frame | Done], None]], GenHandle]
 
 
 class _Choice:
@@ -76,8 +80,9 @@ class _Choice:
 
 
 class TextRun:
-    def __init__(self, backend: Backend, plan: Plan, task: TextTask) -> None:
+    def __init__(self, backend: Backend, plan: Plan, task: TextTask, submit: Submit | None = None) -> None:
         self.backend, self.plan, self.task = backend, plan, task
+        self._submit: Submit = submit if submit is not None else backend.engine.submit
         self.queue: asyncio.Queue[tuple[int, Frame | Done]] = asyncio.Queue()
         self.choices: list[_Choice] = []
         self._settle: set[int] = set()
@@ -92,13 +97,13 @@ class TextRun:
             request = dataclasses.replace(self.plan.request, config=dataclasses.replace(self.plan.request.config,
                                                                                         seed=seed))
 
-            def deliver(ev: Frame | Done, i: int = i) -> None:  # on the engine's thread
+            def deliver(ev: Frame | Done, i: int = i) -> None:  # on the engine's thread (or ours: a queued cancel)
                 try:
                     loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))
                 except RuntimeError:  # the event loop is gone (shutting down): nobody is listening
                     pass
 
-            choice.handle = self.backend.engine.submit(request, deliver)
+            choice.handle = self._submit(request, deliver)
 
     def close(self) -> None:
         """Cancel every generation still running (idempotent)."""

@@ -1,0 +1,184 @@
+"""The engine's waiting room: the fair queue that requests wait in for a row, and the load the engine measures.
+
+Owns `FairQueue`, one FIFO lane per owner (a websocket session, an HTTP client) with rows handed out round-robin
+across lanes: each turn serves the lane at the head of the rotation and sends it to the back. An owner's second
+request therefore waits behind every other owner's first, so a session that floods the queue or keeps re-issuing
+generations delays itself, never the others. `Placement` is where a new request would land (its position counts
+the requests that will be served before it), `LoadStats` what the engine measures of itself (step time, steps per
+generation, a generation's own first-frame time) and `EngineLoad` a snapshot of both, from which admission control
+(`canvas.server.admission`) estimates waits.
+
+Invariants: an item is in at most one lane; a lane in the rotation is never empty; positions are exact for the
+queue as it stands (a later owner's first request may still overtake an earlier owner's second: that is the
+fairness). Nothing here is thread-safe: the engine guards its queue and stats with its lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T", bound=Hashable)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request would wait: `position` requests are served before it; `free_rows` engine rows are free now
+    (the first `free_rows` in line start at the next engine step); `queued` requests are waiting in all."""
+
+    position: int
+    free_rows: int
+    queued: int
+    owners: int  # lanes waiting, this owner's included when it has one
+
+    @property
+    def releases(self) -> int:
+        """Rows that must free up before this request starts (0: it starts at the next engine step)."""
+        return max(0, self.position - self.free_rows + 1)
+
+
+class FairQueue(Generic[T]):
+    """Per-owner FIFO lanes served round-robin (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lanes: OrderedDict[Hashable, deque[T]] = OrderedDict()  # rotation order: the head is served next
+        self._owner: dict[T, Hashable] = {}
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._owner
+
+    @property
+    def owners(self) -> int:
+        return len(self._lanes)
+
+    def position(self, owner: Hashable, without: T | None = None) -> int:
+        """The position a new request of `owner` would get (0: served next), as if `without` had left the queue.
+
+        With the owner's lane at rotation index r holding d requests, the new one is its lane's (d+1)-th: lanes
+        before r are served d+1 times before it, lanes after r d times, and a new lane joins the rotation's end."""
+        gone = self._owner.get(without) if without is not None else None
+        lens = [(o, len(lane) - (o == gone)) for o, lane in self._lanes.items()]
+        lens = [(o, n) for o, n in lens if n > 0]
+        owners = [o for o, _ in lens]
+        r = owners.index(owner) if owner in owners else len(owners)
+        d = lens[r][1] if r < len(lens) else 0
+        return d + sum(min(n, d + 1) for _, n in lens[:r]) + sum(min(n, d) for _, n in lens[r + 1 :])
+
+    def push(self, owner: Hashable, item: T) -> int:
+        """Queue `item` at the back of `owner`'s lane; returns its position."""
+        if item in self._owner:
+            raise ValueError("the item is already queued")
+        pos = self.position(owner)
+        self._lanes.setdefault(owner, deque()).append(item)
+        self._owner[item] = owner
+        return pos
+
+    def pop(self) -> T | None:
+        """The next item in round-robin order, or None when the queue is empty."""
+        if not self._lanes:
+            return None
+        owner, lane = next(iter(self._lanes.items()))
+        item = lane.popleft()
+        del self._owner[item]
+        if lane:
+            self._lanes.move_to_end(owner)
+        else:
+            del self._lanes[owner]
+        return item
+
+    def remove(self, item: T) -> bool:
+        """Take `item` out wherever it waits (a cancelled request leaves at once); False if it is not queued."""
+        owner = self._owner.pop(item, None)
+        if owner is None:
+            return False
+        lane = self._lanes[owner]
+        lane.remove(item)
+        if not lane:
+            del self._lanes[owner]
+        return True
+
+    def order(self) -> list[T]:
+        """Every queued item in the order `pop` would serve them (for tests and diagnostics)."""
+        lanes = [(o, list(q)) for o, q in self._lanes.items()]
+        out: list[T] = []
+        while lanes:
+            owner, lane = lanes.pop(0)
+            out.append(lane.pop(0))
+            if lane:
+                lanes.append((owner, lane))
+        return out
+
+
+class _Ewma:
+    """An exponentially weighted mean (None until the first sample): recent load counts most."""
+
+    __slots__ = ("alpha", "value")
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+
+
+class LoadStats:
+    """What the engine measures of its own work, for wait estimates."""
+
+    def __init__(self, keep: int = 128) -> None:
+        self.step_s = _Ewma()  # wall time of an engine step that ran rows (admission and encoding included)
+        self.first_frame_s = _Ewma()  # a generation's own first-frame time: from leaving the queue to its first frame
+        self.gen_steps: deque[int] = deque(maxlen=keep)  # steps of the last rows to leave (done, cancelled, failed)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """A snapshot of the engine's load: rows, queue, and what it has measured (None until measured)."""
+
+    max_batch: int
+    active: int  # rows taken (running, or leaving the queue right now)
+    queued: int
+    step_s: float | None
+    first_frame_s: float | None
+    recent_steps: tuple[int, ...] = ()  # steps of the last generations to leave their rows
+    rows: tuple[tuple[int, int], ...] = ()  # per running row after the last step: (steps run, most steps left)
+
+    @property
+    def gen_steps(self) -> float | None:
+        """Mean steps a generation holds its row (the recent ones)."""
+        return sum(self.recent_steps) / len(self.recent_steps) if self.recent_steps else None
+
+    def steps_left(self, done: int, left: int) -> float:
+        """Expected steps a row that has run `done` and may run `left` more still runs: the mean over the recent
+        generations that ran past `done` (each cut at `done + left`), less `done`; at least one, at most `left`.
+        Conditioning matters: a row that is already past the mean is a long one, not one about to stop."""
+        longer = [min(t, done + left) for t in self.recent_steps if t > done]
+        expected = sum(longer) / len(longer) - done if longer else float(left)
+        return max(1.0, min(float(left), expected))
+
+    def release_times(self, n: int) -> list[float] | None:
+        """When the next `n` rows will free up, in seconds from now, earliest first (None until steps are measured).
+
+        Each running row frees up after its expected steps left (`steps_left`); the generation that takes its row,
+        like one taking a row that is free now, holds it for the mean. Rows join and leave together, so releases
+        come in bursts: this schedule, not the mean interval `release_s`, is what a request in the queue waits."""
+        if self.step_s is None or self.gen_steps is None:
+            return None
+        mean = max(1.0, self.gen_steps)
+        firsts = [self.steps_left(done, left) for done, left in self.rows]
+        firsts += [mean] * max(0, self.max_batch - len(firsts))  # free rows: taken now, released after the mean
+        steps = sorted(first + k * mean for first in firsts for k in range(max(0, n)))[:n]
+        return [t * self.step_s for t in steps]
+
+    @property
+    def release_s(self) -> float | None:
+        """Mean time between two rows freeing up with every row busy: a row lasts gen_steps steps, and max_batch of
+        them run side by side."""
+        if self.step_s is None or self.gen_steps is None:
+            return None
+        return self.gen_steps * self.step_s / self.max_batch

@@ -1,0 +1,180 @@
+"""Admission control: which generations the engine's queue takes, and what a refused client is told.
+
+Owns `AdmissionConfig` (the bound), `Admission` (the one policy object of a server, shared by the websocket's
+`gen.start` and the HTTP routes, so both wait in the same engine queue under the same bound) and `Busy` (a
+refusal, rendered as the retryable `busy` error on the websocket and as HTTP 429 with `Retry-After`).
+
+The rule: a request that would wait for more than `max_queue` engine rows to free up before it starts is refused,
+with the queue's length, the wait it would have had and when to retry. The queue is `canvas.scheduling.FairQueue`,
+one lane per owner (a session, an HTTP client) served round-robin, so a position counts each other owner's next
+request before an owner's own second one: when the queue is full, a session's extra requests are the ones
+refused, never another session's first. Waits come from what the engine measures (`EngineLoad.release_times`):
+its step time, how long generations hold a row, and how far each running row has got. `max_queue` None (the
+default) sizes the bound from the same measurements: it is the number of rows expected to free up within
+`wait_factor` times a generation's own first-frame time (from leaving the queue to its first frame). It may be 0:
+then only a request that finds a free row gets in. It follows the load: when steps slow down (a bigger batch,
+another process on the cores) it shrinks. Why half an own first frame and not the 2 that the goal "first frame
+within 3x its own" suggests: an estimate is a mean, and rows stop when their entropy settles, so the real waits
+scatter far above it (bench load, 50 sessions: waits estimated at 40 ms took up to 440 ms). Allowing 1 or 2 own
+first frames put the p99 first frame at 8-10x the idle one; half of one queues little more than what is about to
+start. A floor of 1 waiting request (a freed row taken at once instead of idling until a refused client comes back)
+bought ~5% more generations for a p99 first frame 1.5x longer (BENCHMARKS.md), so there is none.
+
+`retry_after_s` spreads the refused clients out and brings them back in the order they were first refused: the
+owners refused lately and not admitted since wait outside in that order, and the k-th of them is told to come back
+after about k row releases (at least the releases its own request was short of). Clients told to retry after one
+release would come back all at once, the quickest would win every time, and the refusals would spend the cores the
+engine needs (a 2-core machine measured ~700 refusals a second that way).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from canvas.protocol import ErrorCode, ProtocolError
+from canvas.scheduling import EngineLoad, Placement
+
+if TYPE_CHECKING:  # the engine imports torch; ServerConfig imports this module and must stay light
+    from canvas.engine import Engine, Event, GenHandle, GenRequest
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    max_queue: int | None = None  # engine rows a request may wait for; None: sized from the measured load
+    # The sized bound's wait, in a generation's own first-frame times (0.5: only what is about to start; see above).
+    wait_factor: float = 0.5
+    cold_queue: int = 8  # the sized bound before the engine has measured anything (a fresh server)
+    max_sized_queue: int = 256  # the sized bound never exceeds this, however fast the steps
+    contention_s: float = 5.0  # a refused owner keeps its place outside for this long after its last refusal
+    max_retry_s: float = 30.0  # the longest retry_after_s given
+
+    def __post_init__(self) -> None:
+        if self.max_queue is not None and self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0 or None, got {self.max_queue}")
+        if not self.wait_factor > 0:
+            raise ValueError(f"wait_factor must be > 0, got {self.wait_factor}")
+        if self.cold_queue < 0 or self.max_sized_queue < 1:
+            raise ValueError("cold_queue must be >= 0 and max_sized_queue >= 1")
+        if not (self.contention_s > 0 and self.max_retry_s > 0):
+            raise ValueError("contention_s and max_retry_s must be > 0")
+
+
+class Busy(Exception):
+    """A request refused because the queue is full: what it would have waited for, and when to try again."""
+
+    def __init__(self, placement: Placement, max_queue: int, est_wait_s: float | None, retry_after_s: float) -> None:
+        self.placement, self.max_queue = placement, max_queue
+        self.est_wait_s, self.retry_after_s = est_wait_s, retry_after_s
+        super().__init__(
+            f"the server is busy: {placement.queued} generations are waiting and this one would wait for "
+            f"{placement.releases} to finish (at most {max_queue}); retry in {retry_after_s:.1f} s"
+        )
+
+    def data(self) -> dict[str, Any]:
+        p = self.placement
+        return {"queue_length": p.queued, "position": p.position, "max_queue": self.max_queue,
+                "est_wait_s": self.est_wait_s, "retry_after_s": self.retry_after_s}
+
+    def protocol_error(self) -> ProtocolError:
+        return ProtocolError(ErrorCode.BUSY, str(self), data=self.data())
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    handle: GenHandle
+    placement: Placement
+    est_wait_s: float | None  # None until the engine has measured its steps
+
+
+class Admission:
+    """The admission policy of one server: `submit` queues a generation or raises `Busy`. Runs on the event loop."""
+
+    def __init__(self, engine: Engine, config: AdmissionConfig | None = None) -> None:
+        self.engine = engine
+        self.config = config if config is not None else AdmissionConfig()
+        self.counts: Counter[str] = Counter()  # admitted, refused
+        # Owners refused and not admitted since, in the order of their first refusal -> when last refused.
+        self._outside: OrderedDict[Hashable, float] = OrderedDict()
+
+    def bound(self, load: EngineLoad) -> int:
+        """The queue's bound now: the configured one, or how many rows are expected to free up within the wait a
+        request may have (`wait_factor` x the measured own first-frame time); 0 when none is."""
+        c = self.config
+        if c.max_queue is not None:
+            return c.max_queue
+        times = load.release_times(c.max_sized_queue)
+        if times is None or load.first_frame_s is None:
+            return c.cold_queue
+        budget = c.wait_factor * load.first_frame_s
+        return sum(1 for t in times if t <= budget)
+
+    @staticmethod
+    def wait_s(placement: Placement, load: EngineLoad) -> float | None:
+        """The estimated wait before the request's first step: until the row it waits for frees up."""
+        return _nth_release(load, placement.releases)
+
+    def submit(self, request: GenRequest, on_event: Callable[[Event], None] | None, *, owner: Hashable,
+               replacing: GenHandle | None = None) -> Admitted:
+        """Queue `request` in `owner`'s lane, or raise `Busy` (and nothing changes)."""
+        load = self.engine.load()  # the measured means; the placement itself is taken under the queue's lock
+        bound = self.bound(load)
+        seen: list[Placement] = []
+
+        def admit(p: Placement) -> None:
+            if p.releases > bound:
+                self.counts["refused"] += 1
+                rank = self._refused(owner)
+                retry = _nth_release(load, min(_MAX_RETRY_RANK, max(p.releases - bound, rank)))
+                retry = 1.0 if retry is None else min(self.config.max_retry_s, max(retry, _MIN_RETRY_S))
+                raise Busy(p, bound, self.wait_s(p, load), retry)
+            seen.append(p)
+
+        handle = self.engine.submit(request, on_event, owner=owner, admit=admit, replacing=replacing)
+        self.counts["admitted"] += 1
+        self._outside.pop(owner, None)
+        return Admitted(handle, seen[0], self.wait_s(seen[0], load))
+
+    def _refused(self, owner: Hashable) -> int:
+        """Note `owner`'s refusal; returns its place among the owners waiting outside (1: refused first)."""
+        self._outside[owner] = time.monotonic()  # a new owner joins the end; one refused before keeps its place
+        self._forget_gone()
+        return list(self._outside).index(owner) + 1
+
+    def _forget_gone(self) -> None:
+        """Owners not refused for `contention_s` have stopped trying (or got in through another route)."""
+        since = time.monotonic() - self.config.contention_s
+        for gone in [o for o, last in self._outside.items() if last < since]:
+            del self._outside[gone]
+
+    def stats(self) -> dict[str, Any]:
+        """For /health: the queue now, its bound and what admission has decided so far."""
+        load = self.engine.load()
+        self._forget_gone()
+        return {"queued": load.queued, "active": load.active, "max_batch": load.max_batch,
+                "max_queue": self.bound(load), "step_s": _r4(load.step_s), "gen_steps": _round(load.gen_steps),
+                "first_frame_s": _r4(load.first_frame_s), "admitted": self.counts["admitted"],
+                "refused": self.counts["refused"], "refused_waiting": len(self._outside)}
+
+
+_MAX_RETRY_RANK = 512  # the retry hint of the 600th owner outside is that of the 512th: beyond, it is a guess anyway
+_MIN_RETRY_S = 0.01  # a release due within this is as good as now; a 0 s hint would invite a busy loop
+
+
+def _nth_release(load: EngineLoad, n: int) -> float | None:
+    """When the n-th row from now frees up (0: now), in seconds rounded to the millisecond; None until measured."""
+    times = load.release_times(n)
+    if times is None:
+        return None
+    return round(times[n - 1], 3) if n > 0 else 0.0
+
+
+def _r4(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
