@@ -1,10 +1,14 @@
 """`dcanvas bench load`: many concurrent dcanvas/1 sessions editing and generating against one server.
 
-Starts `dcanvas serve` as a child process on a free loopback port (or targets `--url`), then runs `--sessions`
-clients (canvas.client) for `--seconds`. Each session opens its own document and loops: mask a word, generate,
-accept or reject the proposal, sometimes undo, with a short pause. Reports errors (goal 0), p50/p99 time from
-`gen.start` to the first progress frame and between frames, generations by status, and the server's RSS sampled
-every second (goal: bounded). The last line of stdout is one JSON document with every figure.
+Starts `dcanvas serve` as a child process on a free loopback port (or targets `--url`), measures one generation's
+own first-frame time on the idle server (a lone session, `--solo` generations), then runs `--sessions` clients
+(canvas.client) for `--seconds`. Each session opens its own document and loops: mask a word, generate, accept or
+reject the proposal, sometimes undo, with a short pause. A `gen.start` refused as `busy` is a refusal, not an error:
+the session waits the `retry_after_s` the server gave (with jitter) and asks again. Reports refusals, errors other
+than `busy` (goal 0), p50/p99 time from the admitted `gen.start` to its first progress frame (goal: p99 <= 3x the
+solo first frame) and from the first attempt (retries included), time between frames, generations by status, the
+server's queue figures (`/health`) and its RSS sampled every second (goal: bounded). The last line of stdout is one
+JSON document with every figure.
 
     python -m canvas.server.loadbench --model DIR --sessions 50 --seconds 60
 """
@@ -29,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canvas.client import DcanvasClient
-from canvas.protocol import GenProgress, MaskOp, ProtocolError
+from canvas.client import DcanvasClient, Generation
+from canvas.protocol import ErrorCode, GenProgress, MaskOp, ProtocolError
 
 _TEXTS = [
     "The cat sat on the mat and watched the rain fall on the garden.",
@@ -42,8 +46,11 @@ _TEXTS = [
 
 @dataclass
 class Figures:
-    first_frame_s: list[float] = field(default_factory=list)
+    first_frame_s: list[float] = field(default_factory=list)  # from the admitted gen.start
+    first_frame_retries_s: list[float] = field(default_factory=list)  # from the first attempt, refusals included
+    first_frame_at_once_s: list[float] = field(default_factory=list)  # admitted with a free row (no wait estimated)
     between_frames_s: list[float] = field(default_factory=list)
+    refusals: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     edits: int = 0
@@ -59,6 +66,25 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1000, 1)
 
 
+async def _admitted(c: DcanvasClient, doc_id: str, v: int, deadline: float, fig: Figures,
+                    rng: random.Random) -> tuple[Generation, float] | None:
+    """A started generation and when its gen.start was sent, retrying `busy` as the server says; None at the end."""
+    max_steps, seed = rng.choice([8, 16, 24]), rng.randrange(1000)
+    while time.monotonic() < deadline:
+        gen = c.generate(doc_id, v, max_steps=max_steps, seed=seed)
+        t0 = time.monotonic()
+        try:
+            await gen
+            return gen, t0
+        except ProtocolError as e:
+            if e.code is not ErrorCode.BUSY:
+                raise
+            fig.refusals += 1
+            wait = (e.data or {}).get("retry_after_s") or 1.0
+            await asyncio.sleep(min(5.0, float(wait)) * rng.uniform(0.8, 1.5))  # jitter: retries do not come in step
+    return None
+
+
 async def _session(url: str, token: str | None, deadline: float, fig: Figures, rng: random.Random) -> None:
     try:
         async with DcanvasClient.connect(url, token=token, client_name="loadbench", request_timeout=120) as c:
@@ -69,8 +95,11 @@ async def _session(url: str, token: str | None, deadline: float, fig: Figures, r
                     start, end = rng.choice(words)
                     doc = await c.edit(doc.doc_id, doc.v, [MaskOp(start=start, end=end)])
                     fig.edits += 1
-                    gen = c.generate(doc.doc_id, doc.v, max_steps=rng.choice([8, 16, 24]), seed=rng.randrange(1000))
-                    t0 = time.monotonic()
+                    first_try = time.monotonic()
+                    started = await _admitted(c, doc.doc_id, doc.v, deadline, fig, rng)
+                    if started is None:
+                        break
+                    gen, t0 = started
                     last = None
                     async for ev in gen:
                         now = time.monotonic()
@@ -78,6 +107,10 @@ async def _session(url: str, token: str | None, deadline: float, fig: Figures, r
                             fig.frames += 1
                             if last is None:
                                 fig.first_frame_s.append(now - t0)
+                                fig.first_frame_retries_s.append(now - first_try)
+                                assert gen.accepted is not None
+                                if gen.accepted.est_wait_s == 0:
+                                    fig.first_frame_at_once_s.append(now - t0)
                             else:
                                 fig.between_frames_s.append(now - last)
                             last = now
@@ -119,7 +152,43 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: int | None) -> dict[str, Any]:
+async def _solo(url: str, token: str | None, n: int) -> list[float]:
+    """First-frame times of `n` generations, one at a time on the idle server: a generation's own first frame."""
+    fig = Figures()
+    if n > 0:
+        async with DcanvasClient.connect(url, token=token, client_name="loadbench-solo", request_timeout=120) as c:
+            rng = random.Random(-1)
+            for _ in range(n):
+                doc = await c.open(text=rng.choice(_TEXTS), name="solo")
+                start, end = rng.choice([(i, i + len(w)) for i, w in _word_spans(doc.text)])
+                doc = await c.edit(doc.doc_id, doc.v, [MaskOp(start=start, end=end)])
+                started = await _admitted(c, doc.doc_id, doc.v, time.monotonic() + 60, fig, rng)
+                assert started is not None
+                gen, t0 = started
+                async for ev in gen:
+                    if isinstance(ev, GenProgress) and len(fig.first_frame_s) < n:
+                        fig.first_frame_s.append(time.monotonic() - t0)
+                        break
+                await gen.client.cancel(gen.gen)
+                async for _ in gen:  # until its gen.done
+                    pass
+    return fig.first_frame_s
+
+
+def _health(url: str) -> dict[str, Any]:
+    http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rsplit("/ws", 1)[0]
+    try:
+        with urllib.request.urlopen(f"{http}/health", timeout=5) as r:
+            health: dict[str, Any] = json.loads(r.read())
+            return health
+    except OSError:
+        return {}
+
+
+async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: int | None,
+               solo: int = 5) -> dict[str, Any]:
+    load_before = os.getloadavg()  # other processes' load too: on a shared machine the figures read high with it
+    solo_s = await _solo(url, token, solo)
     fig = Figures()
     rss: list[tuple[float, float]] = []
     t0 = time.monotonic()
@@ -136,11 +205,23 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
     await asyncio.gather(*(_session(url, token, deadline, fig, random.Random(i)) for i in range(sessions)))
     sampler.cancel()
     wall = time.monotonic() - t0
+    solo_p50 = _pct(solo_s, 50)
+    admitted_p99 = _pct(fig.first_frame_s, 99)
     return {
         "sessions": sessions,
         "seconds": round(wall, 1),
         "errors": sum(fig.errors.values()),
         "errors_by_kind": dict(fig.errors),
+        "refusals": fig.refusals,
+        "solo_first_frame_ms": {"p50": solo_p50, "max": round(max(solo_s) * 1000, 1) if solo_s else None},
+        "admitted_p99_over_solo": round(admitted_p99 / solo_p50, 2) if admitted_p99 and solo_p50 else None,
+        "first_frame_with_retries_ms": {"p50": _pct(fig.first_frame_retries_s, 50),
+                                        "p99": _pct(fig.first_frame_retries_s, 99)},
+        "first_frame_free_row_ms": {"n": len(fig.first_frame_at_once_s), "p50": _pct(fig.first_frame_at_once_s, 50),
+                                    "p99": _pct(fig.first_frame_at_once_s, 99)},
+        "server_queue": _health(url).get("queue"),
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
         "generations": dict(fig.statuses),
         "generations_completed": fig.statuses.get("completed", 0),
         "edits": fig.edits,
@@ -182,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
             "warning",
             "--max-batch",
             str(args.max_batch),
+            "--max-queue",
+            str(args.max_queue),
         ]
         cmd += ["--model", args.model] if args.model else []  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
@@ -198,15 +281,19 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(0.3)
     try:
         pid = proc.pid if proc is not None else args.pid
-        result = asyncio.run(_run(url, args.token, args.sessions, args.seconds, pid))
+        result = asyncio.run(_run(url, args.token, args.sessions, args.seconds, pid, args.solo))
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     r = result
-    print(f"{r['sessions']} sessions for {r['seconds']} s: {r['errors']} errors {r['errors_by_kind']}")
+    print(f"{r['sessions']} sessions for {r['seconds']} s: {r['errors']} errors {r['errors_by_kind']}, "
+          f"{r['refusals']} refusals (busy)")
     print(f"generations {r['generations']}; edits {r['edits']}; accepts {r['accepts']}; frames {r['progress_frames']}")
-    print(f"first frame ms {r['first_frame_ms']}; between frames ms {r['between_frames_ms']}")
+    print(f"first frame ms: solo {r['solo_first_frame_ms']}; admitted {r['first_frame_ms']} "
+          f"(p99 {r['admitted_p99_over_solo']}x solo); with retries {r['first_frame_with_retries_ms']}; "
+          f"admitted to a free row {r['first_frame_free_row_ms']}")
+    print(f"between frames ms {r['between_frames_ms']}; server queue {r['server_queue']}")
     m = r["server_rss_mib"]
     print(f"server RSS MiB first {m['first']} max {m['max']} last {m['last']}")
     print(json.dumps(result))
@@ -219,6 +306,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory for the server that is started")
     parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"))
     parser.add_argument("--max-batch", type=int, default=8, help="the started server's --max-batch")
+    parser.add_argument("--max-queue", default="auto", help="the started server's --max-queue (default auto)")
+    parser.add_argument("--solo", type=int, default=5, help="generations timed alone on the idle server first")
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.set_defaults(func=run)
