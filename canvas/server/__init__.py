@@ -44,6 +44,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-host", action="append", default=[], help="also serve this Host header on loopback")
     parser.add_argument("--web", default=None, help="folder served at / (default: the repository's web/)")
     parser.add_argument("--max-batch", type=int, default=8, help="generations stepped together (default 8)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for the engine (default: the physical cores this process may use)")
     parser.add_argument(
         "--max-queue",
         default="auto",
@@ -69,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
         "origins": tuple(args.origin),
         "hosts": tuple(args.allow_host),
         "max_batch": args.max_batch,
+        "threads": args.threads,
     }
     if args.max_queue != "auto":
         if not args.max_queue.isdigit():

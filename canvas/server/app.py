@@ -49,7 +49,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
         model_dir = config.model_dir or default_model_dir()
         if model_dir is None:
             raise FileNotFoundError("no model: pass --model DIR (the embedded default model is not installed)")
-        backend = load_backend(model_dir, max_batch=config.max_batch)
+        backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
     own_store = store is None
     the_store = Store(config.db) if store is None else store
     # One admission policy for the websocket and the HTTP routes: both wait in the engine's one queue.

@@ -37,6 +37,7 @@ class ServerConfig:
     model_dir: str | None = None  # None: the embedded default model
     limits: ServerLimits = field(default_factory=ServerLimits)
     max_batch: int = 8  # generations the engine runs in one batched step
+    threads: int | None = None  # torch intra-op threads; None: the physical cores this process may use
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # the queue's bound (sized from the load)
 
     def __post_init__(self) -> None:
@@ -51,6 +52,8 @@ class ServerConfig:
             )
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     @property
     def allowed_origins(self) -> frozenset[str]:

@@ -267,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
             str(args.max_queue),
         ]
         cmd += ["--model", args.model] if args.model else []  # fmt: skip
+        cmd += ["--threads", str(args.threads)] if args.threads else []  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         url = f"ws://127.0.0.1:{port}/ws"
         deadline = time.monotonic() + 180
@@ -306,6 +307,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory for the server that is started")
     parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"))
     parser.add_argument("--max-batch", type=int, default=8, help="the started server's --max-batch")
+    parser.add_argument("--threads", type=int, default=None, help="the started server's --threads")
     parser.add_argument("--max-queue", default="auto", help="the started server's --max-queue (default auto)")
     parser.add_argument("--solo", type=int, default=5, help="generations timed alone on the idle server first")
     parser.add_argument("--sessions", type=int, default=50)
