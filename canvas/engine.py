@@ -34,126 +34,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from canvas.gen_types import Done, Event, Frame, GenHandle, GenRequest, Status, cancelled_done
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats_at
 from canvas.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 
-Status = Literal["completed", "cancelled", "failed"]
+# The request, event and handle types live in canvas.gen_types; importing them from here still works.
+__all__ = ["Done", "Engine", "Event", "Frame", "GenHandle", "GenRequest", "Status"]
+
 _BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 probability
-
-
-@dataclass(frozen=True, slots=True)
-class GenRequest:
-    context_ids: tuple[int, ...]  # tokens before the canvas, at least one (a BOS for an empty document)
-    # The canvas slots in use: pinned ones keep their token, the others are generated. With fewer than
-    # canvas_length slots, the rest of the canvas is unused: hidden from attention and never accepted. An empty
-    # tuple means a whole free canvas (continue the text).
-    slot_ids: tuple[int, ...] = ()
-    pinned: tuple[bool, ...] = ()  # one per slot_ids entry: keep this token
-    config: SamplerConfig = field(default_factory=SamplerConfig)
-    n_canvases: int = 1  # continuation: later canvases are all free and follow the committed one
-    stream_every: int = 1
-
-    def validate(self, canvas_length: int, vocab_size: int) -> None:
-        if not self.context_ids:
-            raise ValueError("context_ids must hold at least one token (prepend BOS for an empty document)")
-        if len(self.slot_ids) > canvas_length:
-            raise ValueError(f"{len(self.slot_ids)} slots exceed the canvas length {canvas_length}")
-        if len(self.pinned) != len(self.slot_ids):
-            raise ValueError(f"pinned has {len(self.pinned)} entries for {len(self.slot_ids)} slots")
-        bad = [t for t in (*self.context_ids, *self.slot_ids) if not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-        if self.n_canvases < 1 or self.stream_every < 1:
-            raise ValueError("n_canvases and stream_every must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    gen_id: int
-    canvas_index: int
-    step: int
-    max_steps: int
-    draft: tuple[int, ...]  # (L,) argmax canvas, pins forced
-    accepted: tuple[bool, ...]  # (L,) accepted by the sampler this step
-    entropy: tuple[float, ...]  # (L,) nats; 0 for pinned slots
-    elapsed_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    gen_id: int
-    status: Status
-    canvases: tuple[tuple[int, ...], ...]  # committed slot ids per canvas (continuations cut after EOS)
-    steps: int
-    forwards: int
-    generated: int  # free slots filled
-    wall_s: float
-    error: str | None = None
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.generated / self.forwards if self.forwards else 0.0
-
-    @property
-    def tok_s(self) -> float:
-        return self.generated / self.wall_s if self.wall_s > 0 else 0.0
-
-
-Event = Frame | Done
-
-
-def _cancelled(handle: GenHandle) -> Done:
-    """The `Done` of a request cancelled before it ran a step."""
-    return Done(handle.id, "cancelled", (), 0, 0, 0, 0.0)
-
-
-class GenHandle:
-    """A submitted generation: cancel it, or wait for its `Done`. `position` is where it joined the queue."""
-
-    def __init__(self, gen_id: int, on_event: Callable[[Event], None] | None, request: GenRequest | None = None,
-                 withdraw: Callable[[GenHandle], None] | None = None) -> None:
-        self.id = gen_id
-        self.request = request
-        self._on_event = on_event
-        self._withdraw = withdraw  # takes it out of the engine's queue if it still waits there
-        self._cancel = threading.Event()
-        self._done = threading.Event()
-        self.result: Done | None = None
-        self.frames = 0
-        self.position = 0
-
-    def cancel(self) -> None:
-        """Stop it: a queued request leaves the queue now (and gets its `Done`), a running one between steps."""
-        self._cancel.set()
-        if self._withdraw is not None:
-            self._withdraw(self)
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def wait(self, timeout: float | None = None) -> Done:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"generation {self.id} did not finish within {timeout} s")
-        assert self.result is not None
-        return self.result
-
-    def _emit(self, event: Event) -> None:
-        if isinstance(event, Done):
-            self.result = event
-        else:
-            self.frames += 1
-        if self._on_event is not None:
-            self._on_event(event)
-        if isinstance(event, Done):
-            self._done.set()
 
 
 class _Row:
@@ -228,6 +121,7 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._pending: FairQueue[GenHandle] = FairQueue()
         self._active = 0  # rows taken: running, or popped from the queue and being admitted (under the lock)
+        self._row_cap = max_batch  # rows run side by side now; admission control may lower it (`set_row_cap`)
         self.stats = LoadStats()  # updated on the engine's thread under the lock
         self._progress: tuple[tuple[int, int], ...] = ()  # (steps run, most left) per row, after the last step
         self._rows: list[_Row] = []
@@ -250,7 +144,7 @@ class Engine:
         with self._wake:
             if admit is not None:
                 gone = replacing if replacing is not None and replacing in self._pending else None
-                placement = Placement(self._pending.position(lane, without=gone), self.max_batch - self._active,
+                placement = Placement(self._pending.position(lane, without=gone), max(0, self._row_cap - self._active),
                                       len(self._pending) - (gone is not None), self._pending.owners)
                 admit(placement)
             replaced = replacing is not None and self._pending.remove(replacing)
@@ -258,14 +152,22 @@ class Engine:
             self._wake.notify()
         if replaced and replacing is not None:
             replacing._cancel.set()
-            replacing._emit(_cancelled(replacing))
+            replacing._emit(cancelled_done(replacing))
         return handle
 
     def load(self) -> EngineLoad:
         with self._lock:
             s = self.stats
             return EngineLoad(self.max_batch, self._active, len(self._pending), s.step_s.value, s.first_frame_s.value,
-                              tuple(s.gen_steps), self._progress)
+                              tuple(s.gen_steps), self._progress, self._row_cap,
+                              min(s.alone_first_frames, default=None),
+                              s.first_frames)
+
+    def set_row_cap(self, rows: int) -> None:
+        """Run at most `rows` generations side by side (clamped to [1, max_batch]); rows above a lowered cap finish,
+        and queued requests start only below it."""
+        with self._lock:
+            self._row_cap = max(1, min(self.max_batch, rows))
 
     def queue_order(self) -> list[GenHandle]:
         """The queued requests in the order they will get rows."""
@@ -276,7 +178,7 @@ class Engine:
         with self._lock:
             removed = self._pending.remove(handle)
         if removed:
-            handle._emit(_cancelled(handle))
+            handle._emit(cancelled_done(handle))
 
     def busy(self) -> bool:
         with self._lock:
@@ -345,7 +247,7 @@ class Engine:
         return row.remaining + later * row.cfg.max_steps
 
     def _admit(self) -> None:
-        while len(self._rows) < self.max_batch:
+        while len(self._rows) < self._row_cap:
             with self._lock:
                 handle = self._pending.pop()
                 if handle is None:
@@ -355,7 +257,7 @@ class Engine:
             assert req is not None
             if handle.cancelled:  # cancelled while being popped: cancel() found it gone from the queue
                 self._release()
-                handle._emit(_cancelled(handle))
+                handle._emit(cancelled_done(handle))
                 continue
             t0 = time.perf_counter()
             try:
@@ -545,8 +447,12 @@ class Engine:
 
     def _first_frame(self, row: _Row) -> None:
         if row.handle.frames == 0:
+            took = time.perf_counter() - row.admitted
             with self._lock:
-                self.stats.first_frame_s.add(time.perf_counter() - row.admitted)
+                self.stats.first_frame_s.add(took)
+                self.stats.first_frames += 1
+                if len(self._rows) == 1:  # its first step ran alone: the baseline `RowCap` compares with
+                    self.stats.alone_first_frames.append(took)
 
     def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:
         if row in self._rows:

@@ -133,6 +133,11 @@ class LoadStats:
     def __init__(self, keep: int = 128) -> None:
         self.step_s = _Ewma()  # wall time of an engine step that ran rows (admission and encoding included)
         self.first_frame_s = _Ewma()  # a generation's own first-frame time: from leaving the queue to its first frame
+        # The same, for the last generations that ran their first step alone. Their minimum is the baseline: one
+        # row alone can still be slowed (the event loop busy with the frames of rows that just finished, the first
+        # request's warm-up), never sped up, so the fastest recent one is the least disturbed.
+        self.alone_first_frames: deque[float] = deque(maxlen=keep // 2)
+        self.first_frames = 0  # first frames measured so far (a clock for `RowCap`)
         self.gen_steps: deque[int] = deque(maxlen=keep)  # steps of the last rows to leave (done, cancelled, failed)
 
 
@@ -147,6 +152,13 @@ class EngineLoad:
     first_frame_s: float | None
     recent_steps: tuple[int, ...] = ()  # steps of the last generations to leave their rows
     rows: tuple[tuple[int, int], ...] = ()  # per running row after the last step: (steps run, most steps left)
+    row_cap: int | None = None  # rows the engine runs side by side now (None: max_batch; see `RowCap`)
+    alone_first_frame_s: float | None = None
+    first_frames: int = 0
+
+    @property
+    def cap(self) -> int:
+        return self.max_batch if self.row_cap is None else self.row_cap
 
     @property
     def gen_steps(self) -> float | None:
@@ -171,14 +183,55 @@ class EngineLoad:
             return None
         mean = max(1.0, self.gen_steps)
         firsts = [self.steps_left(done, left) for done, left in self.rows]
-        firsts += [mean] * max(0, self.max_batch - len(firsts))  # free rows: taken now, released after the mean
+        firsts += [mean] * max(0, self.cap - len(firsts))  # free rows: taken now, released after the mean
         steps = sorted(first + k * mean for first in firsts for k in range(max(0, n)))[:n]
         return [t * self.step_s for t in steps]
 
     @property
     def release_s(self) -> float | None:
-        """Mean time between two rows freeing up with every row busy: a row lasts gen_steps steps, and max_batch of
-        them run side by side."""
+        """Mean time between two rows freeing up with every row busy: a row lasts gen_steps steps, and `cap` of them
+        run side by side."""
         if self.step_s is None or self.gen_steps is None:
             return None
-        return self.gen_steps * self.step_s / self.max_batch
+        return self.gen_steps * self.step_s / self.cap
+
+
+class RowCap:
+    """How many rows the engine may run side by side so that a generation's own first frame stays within `slo` times
+    the fastest recent first frame alone (`EngineLoad.alone_first_frame_s`).
+
+    Why a cap below `max_batch`: on a few CPU cores a bigger batch buys throughput with latency. The engine's thread,
+    the event loop that turns frames into messages and (in a bench) the clients share the cores, so each row more
+    slows every step and every frame: bench load on 2 cores, 50 sessions, admitted p99 first frame 2.0x the idle one
+    with 4 rows, 3.1x with 8, 6.2x with 16 (BENCHMARKS.md). On a GPU a bigger batch costs little and the cap stays at
+    `max_batch`. The measure is the engine's own, so the cap follows whatever slows it (the model, the cores,
+    another process).
+
+    The rule, checked on each new request: when the measured own first frame (an EWMA) is above `slo` x the first
+    frame alone, one row less; when it is below `relax` x that, one row more, up to `max_batch`. After a change the
+    cap holds until `settle` more first frames are measured, so the EWMA has moved before it is read again (alpha
+    0.2: five samples move it two thirds of the way). Until a first frame alone has been measured it is `max_batch`.
+    """
+
+    def __init__(self, max_batch: int, slo: float, *, relax: float = 0.7, settle: int = 5) -> None:
+        if max_batch < 1 or not slo > 1 or not 0 < relax < 1 or settle < 1:
+            raise ValueError("RowCap needs max_batch >= 1, slo > 1, 0 < relax < 1 and settle >= 1")
+        self.max_batch, self.slo, self.relax, self.settle = max_batch, slo, relax, settle
+        self.cap = max_batch
+        self._changed_at = 0  # `first_frames` when the cap last changed
+
+    def update(self, load: EngineLoad) -> int:
+        """The cap for `load`: changed by at most one row, and only once `settle` first frames followed the last
+        change."""
+        ff, alone = load.first_frame_s, load.alone_first_frame_s
+        if ff is None or alone is None or load.first_frames < self._changed_at + self.settle:
+            return self.cap
+        target = self.slo * alone
+        if ff > target and self.cap > 1:
+            self.cap -= 1
+        elif ff < self.relax * target and self.cap < self.max_batch:
+            self.cap += 1
+        else:
+            return self.cap
+        self._changed_at = load.first_frames
+        return self.cap

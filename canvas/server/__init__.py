@@ -52,6 +52,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="engine rows a queued generation may wait for before gen.start is refused as busy (HTTP 429); "
         "'auto' (default) sizes it from the measured step time",
     )
+    parser.add_argument(
+        "--first-frame-slo",
+        default="2.5",
+        help="cap the generations run side by side so that one's own first frame stays within this many times the "
+        "fastest first frame alone (default 2.5); 'off': always --max-batch",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=_serve)
 
@@ -73,11 +79,18 @@ def _serve(args: argparse.Namespace) -> int:
         "max_batch": args.max_batch,
         "threads": args.threads,
     }
+    admission: dict[str, Any] = {}
     if args.max_queue != "auto":
         if not args.max_queue.isdigit():
             print(f"dcanvas serve: --max-queue must be a number or 'auto', not {args.max_queue!r}")
             return 2
-        fields["admission"] = AdmissionConfig(max_queue=int(args.max_queue))
+        admission["max_queue"] = int(args.max_queue)
+    try:
+        admission["first_frame_slo"] = None if args.first_frame_slo == "off" else float(args.first_frame_slo)
+        fields["admission"] = AdmissionConfig(**admission)
+    except ValueError as e:
+        print(f"dcanvas serve: --first-frame-slo: {e}")
+        return 2
     if args.db is not None:
         fields["db"] = args.db
     if args.web is not None:

@@ -20,6 +20,12 @@ first frames put the p99 first frame at 8-10x the idle one; half of one queues l
 start. A floor of 1 waiting request (a freed row taken at once instead of idling until a refused client comes back)
 bought ~5% more generations for a p99 first frame 1.5x longer (BENCHMARKS.md), so there is none.
 
+The rows themselves are capped too (`AdmissionConfig.first_frame_slo`, `canvas.scheduling.RowCap`): each request
+first lets the cap follow the engine's measured own first frame against the fastest recent first frame alone, a row
+more or less, so that on a few CPU cores a full batch does not slow every admitted generation's start (bench load,
+2 cores: 3.1x the idle first frame at p99 with 8 rows, 2.0x with 4). On a GPU, where rows cost little, it stays at
+`max_batch`. A request that finds no free row under the cap waits or is refused as above.
+
 `retry_after_s` spreads the refused clients out and brings them back in the order they were first refused: the
 owners refused lately and not admitted since wait outside in that order, and the k-th of them is told to come back
 after about k row releases (at least the releases its own request was short of). Clients told to retry after one
@@ -36,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from canvas.protocol import ErrorCode, ProtocolError
-from canvas.scheduling import EngineLoad, Placement
+from canvas.scheduling import EngineLoad, Placement, RowCap
 
 if TYPE_CHECKING:  # the engine imports torch; ServerConfig imports this module and must stay light
     from canvas.engine import Engine, Event, GenHandle, GenRequest
@@ -51,6 +57,9 @@ class AdmissionConfig:
     max_sized_queue: int = 256  # the sized bound never exceeds this, however fast the steps
     contention_s: float = 5.0  # a refused owner keeps its place outside for this long after its last refusal
     max_retry_s: float = 30.0  # the longest retry_after_s given
+    # Rows run side by side are capped so a generation's own first frame stays within this many times its first
+    # frame alone (`canvas.scheduling.RowCap`); None: always max_batch rows.
+    first_frame_slo: float | None = 2.5
 
     def __post_init__(self) -> None:
         if self.max_queue is not None and self.max_queue < 0:
@@ -61,6 +70,8 @@ class AdmissionConfig:
             raise ValueError("cold_queue must be >= 0 and max_sized_queue >= 1")
         if not (self.contention_s > 0 and self.max_retry_s > 0):
             raise ValueError("contention_s and max_retry_s must be > 0")
+        if self.first_frame_slo is not None and not self.first_frame_slo > 1:
+            raise ValueError(f"first_frame_slo must be > 1 or None, got {self.first_frame_slo}")
 
 
 class Busy(Exception):
@@ -99,6 +110,8 @@ class Admission:
         self.counts: Counter[str] = Counter()  # admitted, refused
         # Owners refused and not admitted since, in the order of their first refusal -> when last refused.
         self._outside: OrderedDict[Hashable, float] = OrderedDict()
+        slo = self.config.first_frame_slo
+        self._row_cap = None if slo is None else RowCap(engine.max_batch, slo)
 
     def bound(self, load: EngineLoad) -> int:
         """The queue's bound now: the configured one, or how many rows are expected to free up within the wait a
@@ -120,6 +133,8 @@ class Admission:
     def submit(self, request: GenRequest, on_event: Callable[[Event], None] | None, *, owner: Hashable,
                replacing: GenHandle | None = None) -> Admitted:
         """Queue `request` in `owner`'s lane, or raise `Busy` (and nothing changes)."""
+        if self._row_cap is not None:  # first follow the latency the engine measures (a row more or less)
+            self.engine.set_row_cap(self._row_cap.update(self.engine.load()))
         load = self.engine.load()  # the measured means; the placement itself is taken under the queue's lock
         bound = self.bound(load)
         seen: list[Placement] = []
@@ -154,9 +169,10 @@ class Admission:
         """For /health: the queue now, its bound and what admission has decided so far."""
         load = self.engine.load()
         self._forget_gone()
-        return {"queued": load.queued, "active": load.active, "max_batch": load.max_batch,
+        return {"queued": load.queued, "active": load.active, "max_batch": load.max_batch, "row_cap": load.cap,
                 "max_queue": self.bound(load), "step_s": _r4(load.step_s), "gen_steps": _round(load.gen_steps),
-                "first_frame_s": _r4(load.first_frame_s), "admitted": self.counts["admitted"],
+                "first_frame_s": _r4(load.first_frame_s), "alone_first_frame_s": _r4(load.alone_first_frame_s),
+                "admitted": self.counts["admitted"],
                 "refused": self.counts["refused"], "refused_waiting": len(self._outside)}
 
 

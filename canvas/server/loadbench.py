@@ -268,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         cmd += ["--model", args.model] if args.model else []  # fmt: skip
         cmd += ["--threads", str(args.threads)] if args.threads else []  # fmt: skip
+        cmd += ["--first-frame-slo", args.first_frame_slo] if args.first_frame_slo else []  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         url = f"ws://127.0.0.1:{port}/ws"
         deadline = time.monotonic() + 180
@@ -308,6 +309,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"))
     parser.add_argument("--max-batch", type=int, default=8, help="the started server's --max-batch")
     parser.add_argument("--threads", type=int, default=None, help="the started server's --threads")
+    parser.add_argument("--first-frame-slo", default=None, help="the started server's --first-frame-slo")
     parser.add_argument("--max-queue", default="auto", help="the started server's --max-queue (default auto)")
     parser.add_argument("--solo", type=int, default=5, help="generations timed alone on the idle server first")
     parser.add_argument("--sessions", type=int, default=50)

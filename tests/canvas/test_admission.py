@@ -12,7 +12,7 @@ import torch
 from canvas.engine import Done, Engine, Event, GenRequest
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.sampler import SamplerConfig
-from canvas.scheduling import EngineLoad, FairQueue, Placement
+from canvas.scheduling import EngineLoad, FairQueue, Placement, RowCap
 from canvas.server.admission import Admission, AdmissionConfig, Busy
 
 pytestmark = pytest.mark.timeout(60)
@@ -199,3 +199,73 @@ def test_the_refused_are_told_to_come_back_in_the_order_they_came(model: Diffusi
         hints.append(refused.value.retry_after_s)
     assert hints == pytest.approx([0.4, 0.8, 1.2, 0.4])  # one release apart; b keeps its place when it asks again
     assert admission.stats()["refused_waiting"] == 3
+
+
+# -- the row cap ------------------------------------------------------------------------------------------------
+
+
+def _ff_load(first_frame_s: float | None, alone: float | None, first_frames: int) -> EngineLoad:
+    return EngineLoad(max_batch=8, active=0, queued=0, step_s=0.01, first_frame_s=first_frame_s,
+                      alone_first_frame_s=alone, first_frames=first_frames)
+
+
+def test_the_row_cap_follows_the_measured_first_frame_one_row_at_a_time() -> None:
+    cap = RowCap(8, slo=2.0, relax=0.7, settle=5)
+    assert cap.update(_ff_load(0.5, None, 100)) == 8  # nothing measured alone yet: no cap
+    assert cap.update(_ff_load(0.030, 0.010, 10)) == 7  # 30 ms against a 20 ms target: one row less
+    assert cap.update(_ff_load(0.030, 0.010, 14)) == 7  # not settled: 4 first frames since the change
+    assert cap.update(_ff_load(0.030, 0.010, 15)) == 6
+    assert cap.update(_ff_load(0.018, 0.010, 30)) == 6  # between 0.7 x and 1 x the target: hold
+    assert cap.update(_ff_load(0.012, 0.010, 30)) == 7  # below 0.7 x the target: one row more
+    for n in range(40, 200, 10):
+        cap.update(_ff_load(0.012, 0.010, n))
+    assert cap.cap == 8  # never above max_batch
+    for n in range(200, 400, 10):
+        cap.update(_ff_load(1.0, 0.010, n))
+    assert cap.cap == 1  # never below one row
+    with pytest.raises(ValueError):
+        RowCap(8, slo=1.0)
+
+
+def test_the_engine_runs_no_more_rows_than_its_cap(model: DiffusionModel) -> None:
+    engine = Engine(model, max_batch=4)
+    engine.set_row_cap(2)
+    handles = [engine.submit(request(i), owner=i) for i in range(4)]
+    engine.step()
+    assert engine.load().active == 2 and engine.load().queued == 2 and engine.load().cap == 2
+    placement: list[Placement] = []
+    engine.submit(request(9), owner="x", admit=placement.append)
+    assert placement[0].free_rows == 0  # rows free under max_batch are not free under the cap
+    engine.set_row_cap(99)
+    assert engine.load().cap == 4  # clamped to max_batch
+    engine.run_until_idle()
+    assert all(h.wait(0).status == "completed" for h in handles)
+
+
+def test_first_frames_alone_are_the_baseline(model: DiffusionModel) -> None:
+    engine = Engine(model, max_batch=4)
+    h = engine.submit(request(1))
+    engine.run_until_idle()
+    load = engine.load()
+    assert h.wait(0).status == "completed" and load.first_frames == 1
+    assert load.alone_first_frame_s is not None and load.alone_first_frame_s == load.first_frame_s
+    for i in range(3):
+        engine.submit(request(10 + i), owner=i)
+    engine.run_until_idle()  # three rows side by side: none of them alone
+    after = engine.load()
+    assert after.first_frames == 4 and after.alone_first_frame_s == load.alone_first_frame_s
+
+
+def test_admission_lowers_the_cap_when_first_frames_slow_down(model: DiffusionModel) -> None:
+    engine = Engine(model, max_batch=8)
+    admission = Admission(engine, AdmissionConfig(max_queue=100, first_frame_slo=2.0))
+    with engine._lock:  # as if measured: 10 ms alone, 50 ms under load, over enough first frames
+        engine.stats.alone_first_frames.append(0.010)
+        for _ in range(10):
+            engine.stats.first_frame_s.add(0.050)
+        engine.stats.first_frames = 10
+    admission.submit(request(1), None, owner="a")
+    assert engine.load().cap == 7 and admission.stats()["row_cap"] == 7
+    off = Admission(Engine(model, max_batch=8), AdmissionConfig(first_frame_slo=None))
+    off.submit(request(2), None, owner="a")
+    assert off.engine.load().cap == 8
