@@ -24,7 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "schema": ("canvas.protocol", "register", "print the JSON Schema of every dcanvas/1 message"),
     "tui": ("tui.app", "register", "open the Textual editor"),
     "data": ("canvas.training.data", "register", "build the training corpus and tokenizer"),
-    "train": ("canvas.training.train", "register", "train the default model"),
+    "train": ("canvas.training.train_cli", "register", "train the default model"),
     "eval": ("canvas.training.evaluate", "register", "evaluate a model (infill, continuation, AR)"),
     "convert": ("canvas.convert.cli", "register", "convert a Gemma 3 checkpoint into a DiffusionGemma model"),
     "model": ("canvas.convert.cli", "register_model", "build the default model (Gemma-3-270M, converted)"),

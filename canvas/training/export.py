@@ -154,7 +154,7 @@ def model_card(
 def export_run(
     trainer: Trainer, out_dir: Path, *, name: str | None = None, evaluation: dict[str, Any] | None = None
 ) -> Path:
-    from canvas.training.train import measure_decoder_ms
+    from canvas.training.train_cli import measure_decoder_ms
 
     cfg = trainer.cfg
     tok_dir = Path(cfg.tokenizer_dir)

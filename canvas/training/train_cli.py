@@ -1,0 +1,138 @@
+"""`dcanvas train`'s command line: options, the run's config from them, and what one invocation does.
+
+Owns the flags and their mapping onto `TrainConfig` (`resolve_config`: the run's saved config, overridden by the
+options given) and `run` (train, bench or export one run directory). The training itself is `canvas.training.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from canvas.model import DiffusionModel
+from canvas.training.tokens import file_sha256
+from canvas.training.train import MODEL_SHAPES, TrainConfig, Trainer
+
+
+def measure_decoder_ms(model: DiffusionModel, *, prefix: int = 64, reps: int = 20) -> dict[str, float]:
+    """Wall time of one decoder step on a 256-token canvas, batch 1, with self-conditioning logits (ms)."""
+    cfg = model.config
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        _, cache = model.encode(torch.randint(0, cfg.vocab_size, (1, prefix), generator=g))
+        canvas = torch.randint(0, cfg.vocab_size, (1, cfg.canvas_length), generator=g)
+        sc = torch.randn(1, cfg.canvas_length, cfg.vocab_size, generator=g)
+        model.denoise(canvas, cache, sc)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.denoise(canvas, cache, sc)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"min_ms": 1e3 * times[0], "median_ms": 1e3 * times[len(times) // 2], "threads": torch.get_num_threads()}
+
+
+_OVERRIDES = (
+    "model", "tokens_dir", "tokenizer_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
+    "log_every", "eval_every", "checkpoint_minutes", "base", "lora_rank", "bf16",
+)  # fmt: skip
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", type=Path, default=Path("runs/canvas-6m"), help="run directory (resumes if present)")
+    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (canvas-6m)")
+    parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens)")
+    parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None, help="tokenizer (data/tokenizer)")
+    parser.add_argument("--corpus-dir", dest="corpus_dir", default=None, help="corpus with manifest (data/corpus)")
+    parser.add_argument("--base", default=None, help="fine-tune this converted model (`dcanvas model build`'s "
+                        "directory) under low-rank adapters instead of training --model from scratch")
+    parser.add_argument("--lora-rank", dest="lora_rank", type=int, default=None, help="adapter rank (16)")
+    parser.add_argument("--bf16", action="store_true", default=None, help="autocast matmuls to bf16")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--warmup-steps", dest="warmup_steps", type=int, default=None)
+    parser.add_argument("--max-steps", dest="max_steps", type=int, default=None, help="length of the lr schedule")
+    parser.add_argument("--log-every", dest="log_every", type=int, default=None)
+    parser.add_argument("--eval-every", dest="eval_every", type=int, default=None)
+    parser.add_argument("--checkpoint-minutes", dest="checkpoint_minutes", type=float, default=None)
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop this invocation after N minutes")
+    parser.add_argument("--stop-at-step", type=int, default=None, help="stop this invocation at step N")
+    # One thread by default: on the shared 2-core machine, two torch threads next to other busy processes ran
+    # a training step ~10x slower than one thread (the threads wait on each other at every op).
+    parser.add_argument("--init", type=Path, default=None,
+                        help="a new run starts from this exported model (weights, step and loss curve)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit")
+    parser.add_argument("--export", type=Path, default=None, help="after training, export to this directory")
+    parser.add_argument("--export-only", action="store_true", help="export the run's checkpoint, do not train")
+    parser.set_defaults(func=run)
+
+
+def resolve_config(run_dir: Path, args: argparse.Namespace) -> TrainConfig:
+    """The run's saved config (or the defaults for a new run) with the options given on the command line."""
+    saved = run_dir / "train_config.json"
+    base = TrainConfig.from_json(json.loads(saved.read_text(encoding="utf-8"))) if saved.exists() else TrainConfig()
+    changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k, None) is not None}
+    return dataclasses.replace(base, **changes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    torch.set_num_threads(max(1, args.threads))
+    if args.device != "cpu":
+        # The Triton kernels have no backward; training runs the torch references (the CPU path anyway).
+        os.environ["DCANVAS_KERNELS"] = "ref"
+    try:
+        cfg = resolve_config(args.run, args)
+        trainer = Trainer(args.run, cfg, device=args.device)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    resumed = trainer.load()
+    if args.init is not None and not resumed:
+        try:
+            trainer.warm_start(args.init)
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            console.print(f"[red]error:[/red] --init: {exc}")
+            return 2
+        cfg = trainer.cfg
+        state = trainer.state
+        console.print(f"warm start from {args.init} at step {state.step} ({state.tokens_seen:,} tokens)")
+    if args.bench:
+        n = sum(p.numel() for p in trainer.model.parameters())
+        console.print(f"{cfg.model}: {n / 1e6:.2f}M parameters; decoder step {measure_decoder_ms(trainer.model)}")
+        return 0
+    if not args.export_only:
+        args.run.mkdir(parents=True, exist_ok=True)
+        (args.run / "train_config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n", encoding="utf-8")
+        n = sum(p.numel() for p in trainer.model.parameters())
+        what = f"resuming at step {trainer.state.step}" if resumed else "new run"
+        shape = f"{cfg.base} (adapters rank {cfg.lora_rank})" if cfg.base else cfg.model
+        console.print(f"{args.run}: {what}; {shape} {n / 1e6:.2f}M params, batch {cfg.batch_size}, "
+                      f"tokens {file_sha256(Path(cfg.tokens_dir) / 'train.bin')[:12]}")  # fmt: skip
+        trainer.fit(max_minutes=args.max_minutes, stop_at_step=args.stop_at_step, console=console)
+    if args.export is not None:
+        from canvas.training.export import export_run
+
+        if not resumed and args.export_only:
+            console.print(f"[red]error:[/red] no checkpoint in {args.run}")
+            return 2
+        if cfg.base is not None:
+            from canvas.training.adapt import export_base_run
+
+            out = export_base_run(Path(cfg.base), trainer.model, trainer.state.history, args.export)
+        else:
+            out = export_run(trainer, args.export)
+        console.print(f"exported to {out}")
+    return 0
