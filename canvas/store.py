@@ -18,6 +18,10 @@ Invariants:
 - Thread safety: one connection, opened with `check_same_thread=False` and guarded by a `threading.Lock`. Every
   call is one short transaction (well under a millisecond plus one fsync), so the asyncio server may call it
   directly or through `asyncio.to_thread`; a connection per thread would buy nothing with SQLite's single writer.
+
+`DocStore` is the interface the server uses; `canvas.store_pg.PgStore` implements it in PostgreSQL, and with it
+`SharedStore` (cross-process locks, change stamps, notifications) for several server processes serving the same
+documents. `open_store` picks one from a path or a `postgresql://` URL. A SQLite file is served by one process.
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 SCHEMA_VERSION = 2
 
@@ -90,6 +94,12 @@ class VersionRegression(StoreError, ValueError):
         self.doc_id, self.v, self.stored = doc_id, v, stored
 
 
+class DuplicateProposal(StoreError, ValueError):
+    def __init__(self, gen: str) -> None:
+        super().__init__(f"generation {gen!r} already has a proposal")
+        self.gen = gen
+
+
 @dataclass(frozen=True, slots=True)
 class DocRecord:
     doc_id: str
@@ -142,6 +152,61 @@ def _encode(what: str, value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what} is not JSON-serialisable: {e}") from None
+
+
+class DocStore(Protocol):
+    """What the server needs of a document store (`Store`: SQLite; `canvas.store_pg.PgStore`: PostgreSQL)."""
+
+    @property
+    def path(self) -> str: ...
+    def save(self, doc_id: str, v: int, state: dict[str, Any], ops: list[Any] | None = None, *,
+             name: str | None = None, chars: int | None = None, change: Any = None,
+             positions: Positions | None = None, resolved: Mapping[str, str] | None = None) -> None: ...
+    def add_proposal(self, doc_id: str, gen: str, owner: str, body: Any, start: int, end: int, *,
+                     expire: Sequence[str] = ()) -> None: ...
+    def resolve_proposal(self, doc_id: str, gen: str, outcome: str) -> bool: ...
+    def delete(self, doc_id: str) -> bool: ...
+    def load(self, doc_id: str) -> tuple[int, dict[str, Any]]: ...
+    def exists(self, doc_id: str) -> bool: ...
+    def info(self, doc_id: str) -> DocRecord: ...
+    def list_docs(self) -> list[DocRecord]: ...
+    def count(self) -> int: ...
+    def edits(self, doc_id: str, since_v: int = 0) -> list[EditRecord]: ...
+    def proposals(self, doc_id: str) -> list[ProposalRecord]: ...
+    def proposal(self, gen: str) -> ProposalRecord | None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class SharedStore(Protocol):
+    """A store that several server processes use at once (`canvas.store_pg.PgStore`): a document's writes are
+    serialised across them by a lock each takes around check-change-save, and each learns of the others' writes."""
+
+    def try_lock(self, doc_id: str) -> bool: ...  # the document's cross-process lock, if free
+    def unlock(self, doc_id: str) -> None: ...
+    def changed(self, doc_id: str) -> bool: ...  # another process wrote (or deleted) it since this one read it
+    def listen(self, callback: Callable[[str], None]) -> None: ...  # doc ids others change ("*": maybe any)
+
+
+def open_store(target: str | Path) -> DocStore:
+    """A SQLite file (a path, `":memory:"`) or a PostgreSQL database (`postgresql://...`)."""
+    if isinstance(target, str) and target.startswith(("postgresql://", "postgres://")):
+        from canvas.store_pg import PgStore
+
+        return PgStore(target)
+    return Store(target)
+
+
+def describe(target: str | Path) -> str:
+    """Where documents live, for messages (a database URL without its password)."""
+    text = str(target)
+    if not text.startswith(("postgresql://", "postgres://")):
+        return text
+    scheme, _, rest = text.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return text
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
 
 
 class Store:
@@ -255,17 +320,21 @@ class Store:
         self, doc_id: str, gen: str, owner: str, body: Any, start: int, end: int, *, expire: Sequence[str] = ()
     ) -> None:
         """Store a pending proposal of `doc_id` (a finished generation `gen`, started by session `owner`) and, in
-        the same transaction, mark the pending proposals in `expire` as `expired`. Raises `DocumentNotFound`."""
+        the same transaction, mark the pending proposals in `expire` as `expired`. Raises `DocumentNotFound`, or
+        `DuplicateProposal` when `gen` has one already."""
         blob = _encode("body", body)
         now = time.time()
         with self._lock, self._transaction():
             if self._db.execute("SELECT 1 FROM documents WHERE doc_id=?", (doc_id,)).fetchone() is None:
                 raise DocumentNotFound(doc_id)
-            self._db.execute(
-                'INSERT INTO proposals (gen, doc_id, owner, body, start, "end", created, updated) '
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (gen, doc_id, owner, blob, start, end, now, now),
-            )
+            try:
+                self._db.execute(
+                    'INSERT INTO proposals (gen, doc_id, owner, body, start, "end", created, updated) '
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (gen, doc_id, owner, blob, start, end, now, now),
+                )
+            except sqlite3.IntegrityError:
+                raise DuplicateProposal(gen) from None
             self._settle(doc_id, {}, {g: "expired" for g in expire}, now)
 
     def resolve_proposal(self, doc_id: str, gen: str, outcome: str) -> bool:

@@ -4,8 +4,8 @@ A Starlette app on uvicorn (`app`): the web client at `/`, `/health`, `/schema`,
 speaks dcanvas/1 (docs/protocol.md). Modules: `config` (ServerConfig), `security` (bind/token policy, Origin,
 rate limits), `backend` (model + engine + tokenizer), `state` (sessions, live documents), `hub` (request handlers),
 `gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept, reject),
-`persist` (change logs and proposals in the store), `outbox` (per-connection sending with latest-wins progress),
-`rebase` (versions).
+`persist` (change logs and proposals in the store: SQLite, or PostgreSQL shared by several servers), `outbox`
+(per-connection sending with latest-wins progress), `rebase` (versions).
 
 This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
 """
@@ -33,7 +33,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8765, help="TCP port (default 8765)")
     parser.add_argument("--model", default=None, help="model directory (default: the embedded model)")
-    parser.add_argument("--db", default=None, help="SQLite file for documents (default ~/.local/share/dcanvas/)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="where documents live: a SQLite file (default ~/.local/share/dcanvas/documents.db), or a PostgreSQL "
+        "database (postgresql://user@host/db; the pg extra) that several servers may share",
+    )
     parser.add_argument(
         "--token",
         default=None,
@@ -68,6 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
     from canvas.server.admission import AdmissionConfig
     from canvas.server.config import TOKEN_ENV, ServerConfig
     from canvas.server.embedded import uvicorn_options
+    from canvas.store import StoreError, describe
 
     fields: dict[str, Any] = {
         "host": args.host,
@@ -98,10 +104,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = ServerConfig(**fields)
         app = create_app(config)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, StoreError) as e:
         print(f"dcanvas serve: {e}")
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {config.db})", flush=True)
+    print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {describe(config.db)})", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **uvicorn_options(config))
     return 0

@@ -37,13 +37,13 @@ from canvas.server.hub import Hub
 from canvas.server.outbox import Outbox
 from canvas.server.security import origin_allowed, subprotocol_tokens
 from canvas.server.state import Session
-from canvas.store import Store
+from canvas.store import DocStore, open_store
 
 log = logging.getLogger("canvas.server")
 SUBPROTOCOL = "dcanvas.v1"
 
 
-def create_app(config: ServerConfig, backend: Backend | None = None, store: Store | None = None) -> Starlette:
+def create_app(config: ServerConfig, backend: Backend | None = None, store: DocStore | None = None) -> Starlette:
     """The app for `config`. Without `backend`, the model in `config.model_dir` (or the default one) is loaded."""
     if backend is None:
         model_dir = config.model_dir or default_model_dir()
@@ -51,7 +51,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
             raise FileNotFoundError("no model: pass --model DIR (the embedded default model is not installed)")
         backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
     own_store = store is None
-    the_store = Store(config.db) if store is None else store
+    the_store = open_store(config.db) if store is None else store
     # One admission policy for the websocket and the HTTP routes: both wait in the engine's one queue.
     admission = Admission(backend.engine, config.admission)
     hub = Hub(backend, the_store, config.limits, token=config.token, admission=admission)
@@ -62,6 +62,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: Stor
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         backend.engine.start()
+        hub.follow()  # a store shared with other server processes: learn of their changes as they happen
         try:
             yield
         finally:

@@ -188,6 +188,20 @@ class Generations:
             assert moved is not None
             run.region = moved
 
+    def after_remote_change(self, live: LiveDoc, old: Document, changes: list[Change] | None) -> None:
+        """Another server process moved the document on from `old` (now replaced in `live`) by `changes` (None: it
+        cannot say how): the running generation moves over them, or stops as stale, as for changes made here."""
+        run: Run | None = live.run
+        if run is None or run.reason is not None:
+            return
+        if run.snapshot is None and old.version == run.base_v:
+            run.snapshot = old  # no longer changed by anyone: the canvas the engine fills is read back against it
+        if changes is None:
+            run.stop("stale", "the document was changed through another server")
+            return
+        for change in changes:
+            self.after_change(live, change)
+
     def resolved(self, gen: str, outcome: str) -> None:
         self.outcomes.note(gen, outcome)
 
@@ -241,7 +255,7 @@ class Generations:
 
     async def _finish(self, run: Run, done: Done) -> None:
         live = run.live
-        async with live.lock:
+        async with live.lock, self.hub._across(live):  # up to date with other server processes (a shared store)
             status: GenStatus = run.reason or done.status
             if run.session.id not in self.hub.sessions:
                 status = "cancelled"  # its session is gone: nobody could accept a proposal

@@ -17,7 +17,7 @@ from typing import Any
 from canvas.document import Document, StateError, TextTokenizer, proposal_from_json
 from canvas.server.rebase import Change, ChangeLog
 from canvas.server.state import LiveDoc, PendingProposal, snapshot
-from canvas.store import EditRecord, Positions, Store
+from canvas.store import DocStore, EditRecord, Positions
 
 LOG_LENGTH = 256  # changes a document remembers for rebasing (docs/protocol.md says 256)
 
@@ -49,7 +49,7 @@ def positions(live: LiveDoc) -> Positions:
     return {gen: (p.start, p.end, p.stale) for gen, p in live.proposals.items()}
 
 
-def load_live(store: Store, doc_id: str, tokenizer: TextTokenizer) -> LiveDoc:
+def load_live(store: DocStore, doc_id: str, tokenizer: TextTokenizer) -> LiveDoc:
     """Read a document, its change log and its pending proposals (blocking: run it in a thread).
     Raises `DocumentNotFound`, or `StateError` for a corrupt row."""
     _, state = store.load(doc_id)

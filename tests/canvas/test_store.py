@@ -1,5 +1,6 @@
-"""The SQLite document store: round trips, version rules, the edit log, proposals, schema upgrades, threads, and
-durability under kill -9."""
+"""The document stores: round trips, version rules, the edit log, proposals and threads for both SQLite and
+PostgreSQL (`store` is parametrised over the two); schema upgrades and durability under kill -9 for SQLite. The
+PostgreSQL store's cross-process parts are in test_store_pg.py."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from canvas.store import DocumentNotFound, Store, StoreError, VersionRegression
+from canvas.store import DocStore, DocumentNotFound, DuplicateProposal, Store, StoreError, VersionRegression
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "docs.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> DocStore:
+    if request.param == "sqlite":
+        s: DocStore = Store(tmp_path / "docs.db")
+    else:
+        from canvas.store_pg import PgStore
+
+        s = PgStore(request.getfixturevalue("pg_url"))
     yield s  # type: ignore[misc]
     s.close()
 
@@ -28,7 +34,7 @@ def _state(text: str) -> dict[str, object]:
     return {"text": text, "window": [0, len(text)], "history": [{"ops": [], "v": 0}], "name": "ignored by store"}
 
 
-def test_save_load_round_trip_with_unicode(store: Store) -> None:
+def test_save_load_round_trip_with_unicode(store: DocStore) -> None:
     state = _state("Grüße, 世界 🌍 — ok")
     store.save("d1", 0, state, name="greeting")
     v, loaded = store.load("d1")
@@ -38,7 +44,7 @@ def test_save_load_round_trip_with_unicode(store: Store) -> None:
     assert (rec.doc_id, rec.name, rec.v, rec.chars) == ("d1", "greeting", 0, len(state["text"]))  # type: ignore[arg-type]
 
 
-def test_versions_only_grow_and_edits_are_logged(store: Store) -> None:
+def test_versions_only_grow_and_edits_are_logged(store: DocStore) -> None:
     store.save("d", 0, _state("a"))
     store.save("d", 1, _state("ab"), [{"op": "replace", "start": 1, "end": 1, "text": "b"}])
     store.save("d", 2, _state("abc"), [{"op": "replace", "start": 2, "end": 2, "text": "c"}])
@@ -53,7 +59,7 @@ def test_versions_only_grow_and_edits_are_logged(store: Store) -> None:
     assert store.list_docs()[0].name == "renamed"
 
 
-def test_failed_save_changes_nothing(store: Store) -> None:
+def test_failed_save_changes_nothing(store: DocStore) -> None:
     store.save("d", 3, _state("keep"))
     with pytest.raises(ValueError, match="not JSON-serialisable"):
         store.save("d", 4, {"text": object()})
@@ -69,7 +75,7 @@ def test_failed_save_changes_nothing(store: Store) -> None:
     assert store.edits("d") == []
 
 
-def test_missing_documents_and_delete(store: Store) -> None:
+def test_missing_documents_and_delete(store: DocStore) -> None:
     with pytest.raises(DocumentNotFound, match="no document 'nope'"):
         store.load("nope")
     store.save("a", 0, _state("1"))
@@ -82,7 +88,7 @@ def test_missing_documents_and_delete(store: Store) -> None:
     assert store.edits("a") == []
 
 
-def test_list_docs_most_recent_first(store: Store) -> None:
+def test_list_docs_most_recent_first(store: DocStore) -> None:
     store.save("old", 0, _state("o"))
     time.sleep(0.01)
     store.save("new", 0, _state("n"))
@@ -115,7 +121,7 @@ def test_reopen_restores_everything_and_rejects_foreign_schema(tmp_path: Path) -
         Store(path)
 
 
-def test_concurrent_threads_share_one_store(store: Store) -> None:
+def test_concurrent_threads_share_one_store(store: DocStore) -> None:
     errors: list[BaseException] = []
 
     def writer(doc: str) -> None:
@@ -178,7 +184,7 @@ def test_acknowledged_writes_survive_kill_9(tmp_path: Path) -> None:
         assert logged == list(range(1, v + 1))  # every acknowledged edit, in order, none torn
 
 
-def test_info(store: Store) -> None:
+def test_info(store: DocStore) -> None:
     store.save("d", 0, _state("abc"), name="n")
     info = store.info("d")
     assert (info.doc_id, info.name, info.v, info.chars) == ("d", "n", 0, 3) and info.created <= info.updated
@@ -186,7 +192,7 @@ def test_info(store: Store) -> None:
         store.info("missing")
 
 
-def test_proposals_move_and_settle_in_the_transaction_of_their_edit(store: Store) -> None:
+def test_proposals_move_and_settle_in_the_transaction_of_their_edit(store: DocStore) -> None:
     store.save("d", 0, _state("abc"))
     store.add_proposal("d", "g-1", "s-a", {"any": "json"}, 1, 2)
     store.add_proposal("d", "g-2", "s-a", [1, 2], 0, 1)
@@ -209,7 +215,7 @@ def test_proposals_move_and_settle_in_the_transaction_of_their_edit(store: Store
     assert store.proposals("d") == [] and store.proposal("nope") is None
 
 
-def test_adding_a_proposal_can_expire_old_ones_and_needs_its_document(store: Store) -> None:
+def test_adding_a_proposal_can_expire_old_ones_and_needs_its_document(store: DocStore) -> None:
     store.save("d", 0, _state(""))
     store.add_proposal("d", "g-1", "s", {}, 0, 0)
     store.add_proposal("d", "g-2", "s", {}, 0, 0, expire=["g-1"])
@@ -217,7 +223,7 @@ def test_adding_a_proposal_can_expire_old_ones_and_needs_its_document(store: Sto
     assert store.proposal("g-1").outcome == "expired"  # type: ignore[union-attr]
     with pytest.raises(DocumentNotFound):
         store.add_proposal("missing", "g-3", "s", {}, 0, 0)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(DuplicateProposal, match="g-2"):
         store.add_proposal("d", "g-2", "s", {}, 0, 0)  # a gen id is one proposal
     assert store.delete("d") is True
     assert store.proposal("g-2") is None  # deleted with its document
