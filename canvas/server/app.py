@@ -62,7 +62,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         backend.engine.start()
-        hub.follow()  # a store shared with other server processes: learn of their changes as they happen
+        hub.peers.follow()  # a store shared with other server processes: learn of their changes as they happen
         try:
             yield
         finally:

@@ -255,7 +255,7 @@ class Generations:
 
     async def _finish(self, run: Run, done: Done) -> None:
         live = run.live
-        async with live.lock, self.hub._across(live):  # up to date with other server processes (a shared store)
+        async with live.lock, self.hub.peers.guard(live):  # up to date with other server processes (a shared store)
             status: GenStatus = run.reason or done.status
             if run.session.id not in self.hub.sessions:
                 status = "cancelled"  # its session is gone: nobody could accept a proposal

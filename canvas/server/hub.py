@@ -16,10 +16,8 @@ Invariants:
 - The engine never waits on a session: generations report through their session's `Outbox`.
 - With a store that several server processes share (`canvas.store.SharedStore`: PostgreSQL), `locked` also takes
   the document's cross-process lock and, when another process has written the document since this one read it,
-  brings the `LiveDoc` up to date in place first (`_refresh`: a running generation moves over the other process's
-  changes or stops as `stale`, exactly as for a local change; subscribers get the new state). So versions stay
-  monotonic and edits serialised per document across processes, and each request acts on the latest state. The
-  store's notifications bring a document's subscribers another process's changes without waiting for a request.
+  brings the `LiveDoc` up to date in place first (`canvas.server.peers`). So versions stay monotonic and edits
+  serialised per document across processes, and each request acts on the latest state.
 """
 
 from __future__ import annotations
@@ -74,15 +72,15 @@ from canvas.protocol import (
 from canvas.server.admission import Admission
 from canvas.server.backend import Backend
 from canvas.server.gens import Generations
+from canvas.server.peers import Peers
 from canvas.server.persist import encode_change, load_live, positions
 from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
 from canvas.server.security import authorized
 from canvas.server.state import LiveDoc, Session, snapshot
-from canvas.store import DocStore, DocumentNotFound, SharedStore
+from canvas.store import DocStore, DocumentNotFound
 
 log = logging.getLogger("canvas.server")
-_CROSS_LOCK_WAIT_S = 10.0  # how long a request waits for another server process to release a document
 __all__ = ["Hub", "compose", "to_doc_op"]  # compose lives in canvas.server.proposals; importing it here still works
 
 
@@ -116,8 +114,7 @@ class Hub:
     def __init__(self, backend: Backend, store: DocStore, limits: ServerLimits, token: str | None = None,
                  admission: Admission | None = None) -> None:
         self.backend, self.store, self.limits, self.token = backend, store, limits, token
-        self.shared: SharedStore | None = store if isinstance(store, SharedStore) else None
-        self._catching_up: set[str] = set()  # documents with a catch-up task pending (`follow`)
+        self.peers = Peers(self)  # other server processes sharing the store (PostgreSQL), if any
         self.admission = admission if admission is not None else Admission(backend.engine)
         self.sessions: dict[str, Session] = {}
         self.docs: dict[str, LiveDoc] = {}
@@ -213,78 +210,11 @@ class Hub:
             async with live.lock:
                 if self.docs.get(doc_id) is not live:
                     continue
-                async with self._across(live):
-                    if self.docs.get(doc_id) is not live:  # another process deleted it (`_refresh`)
+                async with self.peers.guard(live):
+                    if self.docs.get(doc_id) is not live:  # another process deleted it (`Peers.refresh`)
                         raise DocumentNotFound(doc_id)
                     yield live
                     return
-
-    @contextlib.asynccontextmanager
-    async def _across(self, live: LiveDoc) -> AsyncIterator[None]:
-        """With a shared store: the document's cross-process lock (the caller holds `live.lock`), and `live` brought
-        up to date if another process wrote it since. Without one (SQLite, one process): nothing to do."""
-        shared = self.shared
-        if shared is None:
-            yield
-            return
-        # Only ever tried (canvas.store_pg): waiting on the connection would stall this process's other documents.
-        delay, waited = 0.002, 0.0
-        while not await asyncio.to_thread(shared.try_lock, live.doc_id):
-            if waited > _CROSS_LOCK_WAIT_S:
-                raise ProtocolError(ErrorCode.BUSY, f"document {live.doc_id} is held by another server; retry")
-            await asyncio.sleep(delay)
-            waited += delay
-            delay = min(0.05, delay * 2)
-        try:
-            if await asyncio.to_thread(shared.changed, live.doc_id):
-                await self._refresh(live)
-            yield
-        finally:  # shielded: a cancelled request must still release the lock (the thread runs to the end)
-            await asyncio.shield(asyncio.to_thread(shared.unlock, live.doc_id))
-
-    async def _refresh(self, live: LiveDoc) -> None:
-        """Another process changed (or deleted) the document: bring `live` up to date in place, under its locks."""
-        old = live.doc
-        try:
-            fresh = await asyncio.to_thread(load_live, self.store, live.doc_id, self.backend.tokenizer)
-        except DocumentNotFound:
-            self._forget(live)
-            return
-        changes = fresh.log.since(old.version) if fresh.doc.version >= old.version else None
-        live.doc, live.name, live.snap, live.log = fresh.doc, fresh.name, fresh.snap, fresh.log
-        live.proposals = {g: p for g, p in fresh.proposals.items() if g not in live.unsaved}
-        self.gens.after_remote_change(live, old, changes)
-        self.broadcast(live)
-
-    def follow(self) -> None:
-        """Have the shared store's notifications (another process changed a document) bring the documents open here
-        up to date and tell their subscribers. Call once, from the event loop."""
-        if self.shared is None:
-            return
-        loop = asyncio.get_running_loop()
-
-        def changed(doc_id: str) -> None:  # on the store's listener thread
-            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is stopping
-                loop.call_soon_threadsafe(self._changed_elsewhere, doc_id)
-
-        self.shared.listen(changed)
-
-    def _changed_elsewhere(self, doc_id: str) -> None:
-        for d in list(self.docs) if doc_id == "*" else [doc_id]:
-            if d in self.docs and d not in self._catching_up:
-                self._catching_up.add(d)
-                asyncio.create_task(self._catch_up(d), name=f"dcanvas-catch-up-{d}")
-
-    async def _catch_up(self, doc_id: str) -> None:
-        try:
-            async with self.locked(doc_id):  # refreshes (and broadcasts) if it changed
-                pass
-        except (DocumentNotFound, ProtocolError):
-            pass
-        except Exception:
-            log.exception("catching up with document %s", doc_id)
-        finally:
-            self._catching_up.discard(doc_id)
 
     def _maybe_unload(self, live: LiveDoc) -> None:
         # Pending proposals do not keep a document in memory: they are in the store and load with it.
