@@ -278,7 +278,7 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         empty = [Finish(i, "length", "", 0, None, 0, 0.0, 0.0) for i in range(task.n)]
         return JSONResponse(_final(rid, created, name, kind, empty, the_plan.prompt_tokens, fresh_turn))
     try:
-        run = api.start(the_plan, task, api.owner(request))
+        run = await api.start(the_plan, task, api.owner(request))
     except Refusal as e:
         return _error(e)
     if not req.stream:

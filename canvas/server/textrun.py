@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from canvas.engine import Done, Frame, GenHandle, GenRequest
@@ -64,7 +64,7 @@ class Finish:
 
 Event = Delta | Draft | Finish
 # How a run puts one choice's request in the engine's queue (the server's admission control; it may raise).
-Submit = Callable[[GenRequest, Callable[[Frame | Done], None]], GenHandle]
+Submit = Callable[[GenRequest, Callable[[Frame | Done], None]], Awaitable[GenHandle]]
 
 
 class _Choice:
@@ -82,12 +82,15 @@ class _Choice:
 class TextRun:
     def __init__(self, backend: Backend, plan: Plan, task: TextTask, submit: Submit | None = None) -> None:
         self.backend, self.plan, self.task = backend, plan, task
-        self._submit: Submit = submit if submit is not None else backend.engine.submit
+        self._submit: Submit = submit if submit is not None else self._on_engine
         self.queue: asyncio.Queue[tuple[int, Frame | Done]] = asyncio.Queue()
         self.choices: list[_Choice] = []
         self._settle: set[int] = set()
 
-    def start(self) -> None:
+    async def _on_engine(self, request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
+        return self.backend.engine.submit(request, deliver)  # no admission control: straight into the engine
+
+    async def start(self) -> None:
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
         for i in range(self.task.n):
@@ -103,7 +106,7 @@ class TextRun:
                 except RuntimeError:  # the event loop is gone (shutting down): nobody is listening
                     pass
 
-            choice.handle = self._submit(request, deliver)
+            choice.handle = await self._submit(request, deliver)
 
     def close(self) -> None:
         """Cancel every generation still running (idempotent)."""
