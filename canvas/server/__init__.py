@@ -65,6 +65,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="with --ray: engine replicas to deploy (default 1)")
     parser.add_argument("--ray-address", default=None,
                         help="with --ray: a running Ray cluster's address (default: start a local Ray)")
+    parser.add_argument("--ray-app", default="dcanvas",
+                        help="with --ray: the Serve application's name; an ingress finding it running attaches to "
+                        "its replicas (default dcanvas)")
     parser.add_argument("--gpus-per-replica", type=float, default=0,
                         help="with --ray: GPUs each replica takes (default 0: CPU replicas)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -129,8 +132,8 @@ def _serve_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     model_dir = config.model_dir or default_model_dir()
     if model_dir is None:
         raise FileNotFoundError("no model: pass --model DIR (the embedded default model is not installed)")
-    cluster_config = ClusterConfig(replicas=args.replicas, address=args.ray_address, num_gpus=args.gpus_per_replica,
-                                   threads=config.threads)
+    cluster_config = ClusterConfig(replicas=args.replicas, address=args.ray_address, app=args.ray_app,
+                                   num_gpus=args.gpus_per_replica, threads=config.threads)
     backend = load_frontend(model_dir)  # before Ray: a bad directory fails fast
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cluster = Cluster.start(cluster_config, str(Path(model_dir).resolve()), max_batch=config.max_batch,
