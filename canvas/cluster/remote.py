@@ -185,10 +185,14 @@ class RemoteAdmission:
 
     async def stats_async(self) -> dict[str, Any]:
         """Summed queue figures over the replicas that posted lately, and each one's (asked at most every
-        `stats_ttl_s`, waiting at most `stats_timeout_s`)."""
+        `stats_ttl_s`, waiting at most `stats_timeout_s`); and this ingress's running generations by replica."""
         now = time.monotonic()
+        running: dict[str, int] = {}  # this ingress's generations by replica, as of now (not cached)
+        for handle in self._pumps:
+            if isinstance(handle, RemoteHandle):
+                running[handle.ref.replica] = running.get(handle.ref.replica, 0) + 1
         if self._stats is not None and now - self._stats[0] < self.stats_ttl_s:
-            return self._stats[1]
+            return {**self._stats[1], "running_by_replica": running}
         try:
             posts = await asyncio.wait_for(self.replicas.figures(), self.stats_timeout_s)
             error = None
@@ -205,7 +209,7 @@ class RemoteAdmission:
         if error is not None:
             out["error"] = error
         self._stats = (now, out)
-        return out
+        return {**out, "running_by_replica": running}
 
     async def aclose(self) -> None:
         """Cancel whatever still streams (the server stopped its generations already)."""
