@@ -225,7 +225,8 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
             except ClientGone:
                 return Response(status_code=499)  # nobody reads it
             except GenerationFailed as e:
-                return _error(Refusal(500, f"the generation failed: {e}"))
+                return _error(Refusal(e.refusal_status(), f"the generation failed: {e}",
+                                      retry_after=1.0 if e.retryable else None))
             body = _result(api, req, task, the_plan, done)
             return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
 

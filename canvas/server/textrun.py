@@ -32,7 +32,16 @@ from canvas.server.textgen import End, Plan, TextReader, TextTask
 
 
 class GenerationFailed(Exception):
-    """The engine failed a choice's generation (or stopped without being asked to)."""
+    """The engine failed a choice's generation (or stopped without being asked to). `retryable`: its engine went away
+    (a Ray Serve replica died, status `unavailable`); the same request may succeed now on another."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+    def refusal_status(self) -> int:
+        """The HTTP status of a response that had not started: 503 (retry) or 500."""
+        return 503 if self.retryable else 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +173,7 @@ class TextRun:
             return out
         if ev.status != "completed":
             c.finished = True
-            raise GenerationFailed(ev.error or f"the generation was {ev.status}")
+            raise GenerationFailed(ev.error or f"the generation was {ev.status}", retryable=ev.status == "unavailable")
         c.steps = ev.steps
         fed = c.reader.canvases
         for k in range(fed, len(ev.canvases)):

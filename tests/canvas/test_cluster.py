@@ -2,10 +2,11 @@
 Serve, and `dcanvas serve --ray --ray-address ...` ingress processes in front of them, driven over websockets.
 
 Quick (default suite): two replicas behind one ingress; several clients run the whole dcanvas/1 flow (open, mask,
-gen.start, progress, gen.done, proposal.accept) on several documents; the per-replica counters on /health show
-generations on both replicas. Slow: a replica killed mid-generation (`ray.kill` of its actor) ends that generation
-with `unavailable`, the document is as it was, and the next gen.start is served; and an application deployed with
-one replica scaled to two (`dcanvas cluster scale`) without restarting its ingress, the new replica taking work.
+gen.start, progress, gen.done, proposal.accept) on several documents, and an HTTP completion with two choices; the
+per-replica counters on /health show generations on both replicas. Slow: a replica killed mid-generation
+(`ray.kill` of its actor) ends that generation with `unavailable`, the document is as it was, and the next
+gen.start is served; and an application deployed with one replica scaled to two (`dcanvas cluster scale`) without
+restarting its ingress, the new replica taking work.
 """
 
 from __future__ import annotations
@@ -146,9 +147,15 @@ def test_clients_on_two_replicas(two: Ingress) -> None:
 
     texts = asyncio.run(clients())
     assert sum(len(t) for t in texts) == 8
-    # Replicas post their counters every second: wait until all 8 generations are counted, then both served some.
-    queue = two.wait_for("8 generations counted", lambda q: sum(q["generations_by_replica"].values()) >= before + 8,
-                         timeout=30)
+    # The HTTP routes go through the same replicas (no affinity: Serve's router picks).
+    body = json.dumps({"prompt": "The cat sat", "max_tokens": 4, "n": 2, "seed": 3}).encode()
+    post = urllib.request.Request(f"http://127.0.0.1:{two.port}/v1/completions", body,
+                                  {"content-type": "application/json"})
+    with urllib.request.urlopen(post, timeout=60) as r:
+        assert len(json.loads(r.read())["choices"]) == 2
+    # Replicas post their counters every second: wait until all 10 generations are counted, then both served some.
+    queue = two.wait_for("10 generations counted",
+                         lambda q: sum(q["generations_by_replica"].values()) >= before + 10, timeout=30)
     by_replica = queue["generations_by_replica"]
     assert len(by_replica) == 2 and all(n > 0 for n in by_replica.values()), by_replica
     assert queue["ingress_unavailable"] == 0 and queue["active"] == 0
