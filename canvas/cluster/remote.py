@@ -96,7 +96,7 @@ class RemoteAdmission:
         self._loop = asyncio.get_running_loop()
         ref = replacing.ref if isinstance(replacing, RemoteHandle) else None
         stream, first = await self._first(request, owner, affinity or "", ref)
-        if isinstance(first, Refused) and affinity:
+        if isinstance(first, Refused) and affinity and await self._replicas_live() > 1:
             self.counts["respread"] += 1  # its replica is full: let the router pick the less loaded of two
             stream, first = await self._first(request, owner, "", ref)
         if isinstance(first, Refused):
@@ -134,6 +134,11 @@ class RemoteAdmission:
             raise Unavailable(f"the replica answered {type(first).__name__} first")
         return stream, first
 
+    async def _replicas_live(self) -> int:
+        """Replicas that posted lately (the figures of at most `stats_ttl_s` ago): re-spreading needs two."""
+        live: int = (await self.stats_async()).get("replicas_live", 0)
+        return live
+
     def _withdraw(self, handle: GenHandle) -> None:
         """`handle.cancel()`, from any thread: cancel its stream on the event loop."""
         loop = self._loop
@@ -157,11 +162,14 @@ class RemoteAdmission:
         """Feed the stream's events to the handle; end it with one `Done` whatever the stream does."""
         done: Done | None = None
         try:
-            async for ev in stream:
-                if isinstance(ev, Done):
-                    done = ev
+            async for item in stream:
+                for ev in item if isinstance(item, tuple) else (item,):  # a replica sends events in tuples
+                    if isinstance(ev, Done):
+                        done = ev
+                        break
+                    handle._emit(ev)
+                if done is not None:
                     break
-                handle._emit(ev)
             if done is None:
                 raise RuntimeError("the replica's stream ended without a Done")
         except asyncio.CancelledError:  # the ingress shutting down

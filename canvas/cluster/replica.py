@@ -2,9 +2,10 @@
 `StatsBoard` (where replicas post their figures for /health) and `build_app`.
 
 A replica's `generate` is a streaming method: it yields one record first (`canvas.cluster.records`: `Accepted`,
-`Refused` or `Invalid`), then, once accepted, the engine's `Frame`s and exactly one `Done`, as the engine emitted
-them. When the caller cancels the stream (the ingress's `GenHandle.cancel`, its client gone), Ray cancels this
-generator and the engine handle is cancelled at once, so the row frees between two steps.
+`Refused` or `Invalid`), then, once accepted, the engine's `Frame`s and exactly one `Done`, in tuples of the events
+that arrived together (`coalesce`: one stream item each, superseded frames of a canvas dropped). When the caller
+cancels the stream (the ingress's `GenHandle.cancel`, its client gone), Ray cancels this generator and the engine
+handle is cancelled at once, so the row frees between two steps.
 
 Affinity: the caller sets Ray Serve's multiplexed model id to the document id. The "model" a replica loads for it
 is only its record of the documents it serves; what gains is the engine's context cache (`Engine._context`: the
@@ -30,7 +31,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused
+from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused, coalesce
 from canvas.gen_types import Done, Event, GenHandle, GenRequest
 from canvas.server.admission import Admission, AdmissionConfig, Busy
 from canvas.server.backend import load_backend
@@ -87,7 +88,7 @@ class EngineReplica:
         return doc_id
 
     async def generate(self, request: GenRequest, owner: Any,
-                       replacing: EngineRef | None = None) -> AsyncIterator[First | Event]:
+                       replacing: EngineRef | None = None) -> AsyncIterator[First | tuple[Event, ...]]:
         self._start_posting()
         doc_id = serve.get_multiplexed_model_id()
         if doc_id:
@@ -119,10 +120,12 @@ class EngineReplica:
         try:
             yield Accepted(self.replica, handle.id, admitted.placement, admitted.est_wait_s)
             while done is None:
-                ev = await events.get()
-                if isinstance(ev, Done):
-                    done = ev
-                yield ev
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                last = batch[-1]
+                done = last if isinstance(last, Done) else None
+                yield coalesce(batch)
         finally:  # also when Ray cancels this generator (the caller cancelled the stream, or went away)
             self.live.pop(handle.id, None)
             if done is None:

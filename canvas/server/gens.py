@@ -138,7 +138,9 @@ class Generations:
                 except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
                     pass
 
-            try:  # a refusal changes nothing: the generation it would supersede keeps running (or waiting)
+            # A refusal changes nothing: the generation it would supersede keeps running (or waiting). With remote
+            # replicas this awaits one round trip under the document's lock, so no edit slips in between.
+            try:
                 admitted = await hub.admission.submit_async(request, deliver, owner=session.id,
                                                             replacing=None if old is None else old.handle,
                                                             affinity=doc.doc_id)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from canvas.cluster.records import Accepted, EngineRef, Invalid, Refused
+from canvas.cluster.records import Accepted, EngineRef, Invalid, Refused, coalesce
 from canvas.cluster.remote import RemoteAdmission, RemoteHandle, Unavailable
 from canvas.gen_types import Done, Event, Frame, GenRequest
 from canvas.scheduling import Placement
@@ -76,9 +76,17 @@ async def until_done(events: list[Event]) -> Done:
     return done
 
 
+def test_coalesce_keeps_each_canvas_last_frame_and_the_done() -> None:
+    a1, a2, b1 = frame(1, 1), frame(1, 2), Frame(1, 1, 3, 4, (5,), (True,), (0.0,), 0.03)
+    done = Done(1, "completed", ((5, 6, 7), (5,)), 3, 3, 4, 0.03)
+    assert coalesce([a1, a2, b1, done]) == (a2, b1, done)
+    assert coalesce([a1]) == (a1,) and coalesce([done]) == (done,)
+
+
 async def test_accepted_streams_frames_then_one_done() -> None:
     done = Done(7, "completed", ((5, 6, 7),), 2, 2, 2, 0.02)
-    stream = ScriptedStream([Accepted("r1", 7, Placement(0, 1, 0, 0), 0.0), frame(7, 1), frame(7, 2), done])
+    # A replica sends tuples of events (`coalesce`); single events are read too.
+    stream = ScriptedStream([Accepted("r1", 7, Placement(0, 1, 0, 0), 0.0), (frame(7, 1),), frame(7, 2), (done,)])
     admission, events = RemoteAdmission(Replicas(stream)), []
     admitted = await admission.submit_async(REQUEST, events.append, owner="s1", affinity="d-1")
     assert isinstance(admitted.handle, RemoteHandle) and admitted.handle.ref == EngineRef("r1", 7)
@@ -87,8 +95,13 @@ async def test_accepted_streams_frames_then_one_done() -> None:
     assert admitted.handle.wait(1) == done and admission.counts["admitted"] == 1
 
 
+def two_live() -> dict[str, dict[str, Any]]:
+    return {r: {"replica": r, "age_s": 0.1, "queue": {}} for r in ("r1", "r2")}
+
+
 async def test_a_full_replica_respreads_once_then_busy() -> None:
-    replicas = Replicas(ScriptedStream([refused("r1", 2.0)]), ScriptedStream([refused("r2", 3.0)]))
+    replicas = Replicas(ScriptedStream([refused("r1", 2.0)]), ScriptedStream([refused("r2", 3.0)]),
+                        figures=two_live())
     admission = RemoteAdmission(replicas)
     with pytest.raises(Busy) as e:
         await admission.submit_async(REQUEST, None, owner="s1", affinity="d-1")
@@ -99,11 +112,16 @@ async def test_a_full_replica_respreads_once_then_busy() -> None:
     with pytest.raises(Busy):
         await admission.submit_async(REQUEST, None, owner="s1")
     assert len(replicas.opened) == 3 and admission.counts["refused"] == 2
+    # With one live replica a second try would land on the same one: refused at once.
+    alone = Replicas(ScriptedStream([refused("r1", 2.0)]), figures={"r1": two_live()["r1"]})
+    with pytest.raises(Busy):
+        await RemoteAdmission(alone).submit_async(REQUEST, None, owner="s1", affinity="d-1")
+    assert len(alone.opened) == 1
 
 
 async def test_respread_lands_on_a_replica_with_room_and_replacing_names_the_old_generation() -> None:
     accepted = ScriptedStream([Accepted("r2", 1, Placement(0, 1, 0, 0), 0.0)])
-    replicas = Replicas(ScriptedStream([refused("r1", 2.0)]), accepted)
+    replicas = Replicas(ScriptedStream([refused("r1", 2.0)]), accepted, figures=two_live())
     admission = RemoteAdmission(replicas)
     old = RemoteHandle(EngineRef("r1", 9), None, REQUEST, lambda h: None)
     admitted = await admission.submit_async(REQUEST, None, owner="s1", replacing=old, affinity="d-1")
