@@ -144,6 +144,17 @@ def _word_spans(text: str) -> list[tuple[int, str]]:
     return out or [(0, text)]
 
 
+def _cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) the process has used so far; None where /proc cannot say."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _rss_mib(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -203,10 +214,12 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
                 rss.append((round(time.monotonic() - t0, 1), value))
             await asyncio.sleep(1.0)
 
+    cpu_before = _cpu_s(pid)
     sampler = asyncio.create_task(sample())
     await asyncio.gather(*(_session(url, token, deadline, fig, random.Random(i)) for i in range(sessions)))
     sampler.cancel()
     wall = time.monotonic() - t0
+    cpu_after = _cpu_s(pid)
     await asyncio.sleep(1.5)  # replicas post their counters every second
     queue = _health(url).get("queue")
     solo_p50 = _pct(solo_s, 50)
@@ -225,6 +238,9 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
                                     "p99": _pct(fig.first_frame_at_once_s, 99)},
         "server_queue": queue,
         "generations_per_min": round(fig.statuses.get("completed", 0) * 60 / wall, 1) if wall > 0 else None,
+        # The server process's CPU over the sessions' run (with --ray: the ingress alone, not its replicas).
+        "server_cpu_s": round(cpu_after - cpu_before, 2) if cpu_after is not None and cpu_before is not None
+        else None,
         # With --ray: generations each engine replica started (its own count, on /health), the solo ones included.
         "generations_by_replica": (queue or {}).get("generations_by_replica"),
         "load_average": {"before": [round(x, 2) for x in load_before],
@@ -324,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"generations/min {r['generations_per_min']}")
     m = r["server_rss_mib"]
-    print(f"server RSS MiB first {m['first']} max {m['max']} last {m['last']}")
+    print(f"server RSS MiB first {m['first']} max {m['max']} last {m['last']}; server CPU {r['server_cpu_s']} s")
     print(json.dumps(result))
     return 0 if result["errors"] == 0 else 1
 
