@@ -165,7 +165,7 @@ def test_clients_on_two_replicas(two: Ingress) -> None:
 
 @pytest.mark.slow
 def test_a_replica_killed_mid_generation(two: Ingress) -> None:
-    async def scenario() -> None:
+    async def scenario() -> str:
         async with DcanvasClient.connect(two.url) as c:
             doc = await c.open(text=TEXT)
             doc = await c.edit(doc.doc_id, doc.v, [MaskOp(start=4, end=7)])
@@ -188,10 +188,12 @@ def test_a_replica_killed_mid_generation(two: Ingress) -> None:
             assert retry.status == "completed" and retry.proposal is not None
             accepted = await c.accept(retry.gen, doc.v)
             assert accepted.v == doc.v + 1
+            return str(victim["replica"])
 
-    asyncio.run(scenario())
-    # Serve replaces the dead replica; the ingress keeps serving throughout.
-    two.wait_for("the dead replica replaced", lambda q: q["replicas_live"] == 2, timeout=120)
+    victim = asyncio.run(scenario())
+    # Serve replaces the dead replica (a new id; the dead one's last post goes stale); the ingress serves throughout.
+    two.wait_for("the dead replica replaced",
+                 lambda q: q["replicas_live"] == 2 and victim not in q["generations_by_replica"], timeout=120)
 
 
 @pytest.mark.slow
