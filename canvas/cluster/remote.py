@@ -1,13 +1,14 @@
 """`RemoteAdmission`: the ingress's admission when generations run on Ray Serve engine replicas.
 
-It offers the server what the local `canvas.server.admission.Admission` does (`Admits`: `submit_async`, `stats`),
-so the websocket's `gen.start` and the HTTP routes do not know where the engine is. A submission opens a stream
-on a replica (`Replicas.open`, keyed by the document for affinity) and waits for its first record:
+It offers the server what the local `canvas.server.admission.Admission` does (`Admits`: `submit_async`,
+`stats_async`, `aclose`), so the websocket's `gen.start` and the HTTP routes do not know where the engine is. A
+submission opens a stream on a replica (`Replicas.open`, keyed by the document for affinity) and waits for its
+first record:
 - `Accepted`: returns `Admitted` with a `RemoteHandle` whose `cancel` cancels the stream (the replica then cancels
   the engine's handle), and a task that feeds the stream's `Frame`s and `Done` to the handle;
-- `Refused`: with an affinity, asked once more without one (Serve's router then takes the less loaded of two
-  replicas), so a document sticks to its replica while that one has room and spreads when it is full; a second
-  refusal raises `Busy`, rebuilt from the replica's;
+- `Refused`: with an affinity and another replica live, asked once more without one (Serve's router then takes
+  the less loaded of two replicas), so a document sticks to its replica while that one has room and spreads when it
+  is full; a (second) refusal raises `Busy`, rebuilt from the replica's;
 - `Invalid`: raises ValueError, as the local engine's validation does;
 - no answer within `first_record_s`, or an error (no replica alive, one dying): raises `Unavailable`, a `Busy`
   with a short `retry_after_s`, so the client retries as it does a full queue (`busy` is retryable on the

@@ -1,8 +1,10 @@
 """Admission control: which generations the engine's queue takes, and what a refused client is told.
 
 Owns `AdmissionConfig` (the bound), `Admission` (the one policy object of a server, shared by the websocket's
-`gen.start` and the HTTP routes, so both wait in the same engine queue under the same bound) and `Busy` (a
-refusal, rendered as the retryable `busy` error on the websocket and as HTTP 429 with `Retry-After`).
+`gen.start` and the HTTP routes, so both wait in the same engine queue under the same bound), `Busy` (a
+refusal, rendered as the retryable `busy` error on the websocket and as HTTP 429 with `Retry-After`) and `Admits`
+(what the handlers call, `submit_async`: this module's `Admission`, or `canvas.cluster.remote.RemoteAdmission`
+when the engine runs as Ray Serve replicas, each with its own `Admission`).
 
 The rule: a request that would wait for more than `max_queue` engine rows to free up before it starts is refused,
 with the queue's length, the wait it would have had and when to retry. The queue is `canvas.scheduling.FairQueue`,

@@ -2,8 +2,9 @@
 Serve, and `dcanvas serve --ray --ray-address ...` ingress processes in front of them, driven over websockets.
 
 Quick (default suite): two replicas behind one ingress; several clients run the whole dcanvas/1 flow (open, mask,
-gen.start, progress, gen.done, proposal.accept) on several documents, and an HTTP completion with two choices; the
-per-replica counters on /health show generations on both replicas. Slow: a replica killed mid-generation
+gen.start, progress, gen.done, proposal.accept) on several documents, one cancels a long generation (the replica
+frees its row), and an HTTP completion with two choices; the per-replica counters on /health show generations on
+both replicas. Slow: a replica killed mid-generation
 (`ray.kill` of its actor) ends that generation with `unavailable`, the document is as it was, and the next
 gen.start is served; and an application deployed with one replica scaled to two (`dcanvas cluster scale`) without
 restarting its ingress, the new replica taking work.
@@ -139,11 +140,26 @@ async def _edit_generate_accept(url: str, n_docs: int, seed: int) -> list[str]:
     return texts
 
 
+async def _cancelled(url: str) -> None:
+    """One client cancels a long generation after its first frame: gen.done says cancelled, the text is unchanged."""
+    async with DcanvasClient.connect(url) as c:
+        doc = await c.open(text=TEXT)
+        doc = await c.edit(doc.doc_id, doc.v, [MaskOp(start=4, end=7)])
+        gen = await c.generate(doc.doc_id, doc.v, seed=5, **SLOW)
+        assert isinstance(await gen.__anext__(), GenProgress)
+        await c.cancel(gen.gen)
+        done = [ev async for ev in gen][-1]
+        assert isinstance(done, GenDone) and done.status == "cancelled"
+        assert (await c.open(doc.doc_id)).text == TEXT
+
+
 def test_clients_on_two_replicas(two: Ingress) -> None:
     before = sum(two.health()["queue"]["generations_by_replica"].values())
 
     async def clients() -> list[list[str]]:
-        return await asyncio.gather(*(_edit_generate_accept(two.url, 2, seed) for seed in range(4)))
+        runs = await asyncio.gather(*(_edit_generate_accept(two.url, 2, seed) for seed in range(4)),
+                                    _cancelled(two.url))
+        return [r for r in runs if r is not None]
 
     texts = asyncio.run(clients())
     assert sum(len(t) for t in texts) == 8
@@ -153,13 +169,15 @@ def test_clients_on_two_replicas(two: Ingress) -> None:
                                   {"content-type": "application/json"})
     with urllib.request.urlopen(post, timeout=60) as r:
         assert len(json.loads(r.read())["choices"]) == 2
-    # Replicas post their counters every second: wait until all 10 generations are counted and over (a post taken
+    # Replicas post their counters every second: wait until all 11 generations are counted and over (a post taken
     # while the last one ran counts it started and still active), then both replicas served some.
-    queue = two.wait_for("10 generations counted",
-                         lambda q: sum(q["generations_by_replica"].values()) >= before + 10 and q["active"] == 0,
+    queue = two.wait_for("11 generations counted",
+                         lambda q: sum(q["generations_by_replica"].values()) >= before + 11 and q["active"] == 0,
                          timeout=30)
     by_replica = queue["generations_by_replica"]
     assert len(by_replica) == 2 and all(n > 0 for n in by_replica.values()), by_replica
+    # The cancelled one: its stream was cancelled, and its replica cancelled the engine's row (counted abandoned).
+    assert sum(r.get("abandoned", 0) for r in queue["replicas"]) == 1, queue["replicas"]
     assert queue["ingress_unavailable"] == 0
 
 
