@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("canvas.bench", "register", "run a benchmark (model, engine, kernels, load)"),
     "generate": ("canvas.generate_cli", "register", "generate text from a prompt"),
     "serve": ("canvas.server", "register", "run the dcanvas/1 websocket server"),
+    "cluster": ("canvas.cluster.cli", "register", "manage the Ray Serve engine replicas of `serve --ray`"),
     "schema": ("canvas.protocol", "register", "print the JSON Schema of every dcanvas/1 message"),
     "tui": ("tui.app", "register", "open the Textual editor"),
     "data": ("canvas.training.data", "register", "build the training corpus and tokenizer"),

@@ -18,7 +18,8 @@ from typing import Literal
 
 from canvas.sampler import SamplerConfig
 
-Status = Literal["completed", "cancelled", "failed"]
+# "unavailable": the engine replica running it died (`canvas.cluster.remote`); a local engine never says it.
+Status = Literal["completed", "cancelled", "failed", "unavailable"]
 
 
 @dataclass(frozen=True, slots=True)

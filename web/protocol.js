@@ -71,6 +71,7 @@ export const GEN_STATUS = Object.freeze({
   SUPERSEDED: "superseded",
   STALE: "stale",
   FAILED: "failed",
+  UNAVAILABLE: "unavailable",
 });
 
 /** `gen.done.proposal.diff[].op`. */

@@ -402,7 +402,7 @@ class GenStats(_Model):
     wall_s: Annotated[float, Field(ge=0)]
 
 
-GenStatus = Literal["completed", "cancelled", "superseded", "stale", "failed"]
+GenStatus = Literal["completed", "cancelled", "superseded", "stale", "failed", "unavailable"]
 
 
 class GenDone(_Reply):
@@ -414,7 +414,7 @@ class GenDone(_Reply):
     status: GenStatus
     proposal: Proposal | None = None  # present when status is completed
     stats: GenStats
-    message: str | None = None  # why, for stale and failed
+    message: str | None = None  # why, for stale, failed and unavailable
 
 
 class Pong(_Reply):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -63,6 +64,17 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="cap the generations run side by side so that one's own first frame stays within this many times the "
         "fastest first frame alone (default 2.5); 'off': always --max-batch",
     )
+    parser.add_argument("--ray", action="store_true",
+                        help="run the engine as Ray Serve replicas (canvas.cluster); this process serves only the "
+                        "websocket and HTTP routes")
+    parser.add_argument("--replicas", type=int, default=1, help="with --ray: engine replicas to deploy (default 1)")
+    parser.add_argument("--ray-address", default=None,
+                        help="with --ray: a running Ray cluster's address (default: start a local Ray)")
+    parser.add_argument("--ray-app", default="dcanvas",
+                        help="with --ray: the Serve application's name; an ingress finding it running attaches to "
+                        "its replicas (default dcanvas)")
+    parser.add_argument("--gpus-per-replica", type=float, default=0,
+                        help="with --ray: GPUs each replica takes (default 0: CPU replicas)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=_serve)
 
@@ -103,6 +115,8 @@ def _serve(args: argparse.Namespace) -> int:
         fields["web_dir"] = args.web
     try:
         config = ServerConfig(**fields)
+        if args.ray:
+            return _serve_ray(args, config)
         app = create_app(config)
     except (ValueError, FileNotFoundError, StoreError) as e:
         print(f"dcanvas serve: {e}")
@@ -110,4 +124,31 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {describe(config.db)})", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **uvicorn_options(config))
+    return 0
+
+
+def _serve_ray(args: argparse.Namespace, config: ServerConfig) -> int:
+    """The ingress of `--ray`: replicas deployed on Ray (or found there), this process without a model."""
+    import uvicorn
+
+    from canvas.cluster.deploy import Cluster, ClusterConfig
+    from canvas.server.backend import default_model_dir, load_frontend
+    from canvas.server.embedded import uvicorn_options
+
+    model_dir = config.model_dir or default_model_dir()
+    if model_dir is None:
+        raise FileNotFoundError("no model: pass --model DIR (the embedded default model is not installed)")
+    cluster_config = ClusterConfig(replicas=args.replicas, address=args.ray_address, app=args.ray_app,
+                                   num_gpus=args.gpus_per_replica, threads=config.threads)
+    backend = load_frontend(model_dir)  # before Ray: a bad directory fails fast
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cluster = Cluster.start(cluster_config, str(Path(model_dir).resolve()), max_batch=config.max_batch,
+                            admission=config.admission)
+    try:
+        app = create_app(config, backend=backend, admission=cluster.admission())
+        print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {config.db}; "
+              f"{args.replicas} engine replicas on Ray)", flush=True)
+        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **uvicorn_options(config))
+    finally:
+        cluster.close()
     return 0

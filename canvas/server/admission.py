@@ -1,8 +1,10 @@
 """Admission control: which generations the engine's queue takes, and what a refused client is told.
 
 Owns `AdmissionConfig` (the bound), `Admission` (the one policy object of a server, shared by the websocket's
-`gen.start` and the HTTP routes, so both wait in the same engine queue under the same bound) and `Busy` (a
-refusal, rendered as the retryable `busy` error on the websocket and as HTTP 429 with `Retry-After`).
+`gen.start` and the HTTP routes, so both wait in the same engine queue under the same bound), `Busy` (a
+refusal, rendered as the retryable `busy` error on the websocket and as HTTP 429 with `Retry-After`) and `Admits`
+(what the handlers call, `submit_async`: this module's `Admission`, or `canvas.cluster.remote.RemoteAdmission`
+when the engine runs as Ray Serve replicas, each with its own `Admission`).
 
 The rule: a request that would wait for more than `max_queue` engine rows to free up before it starts is refused,
 with the queue's length, the wait it would have had and when to retry. The queue is `canvas.scheduling.FairQueue`,
@@ -39,7 +41,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from canvas.protocol import ErrorCode, ProtocolError
 from canvas.scheduling import EngineLoad, Placement, RowCap
@@ -101,6 +103,22 @@ class Admitted:
     est_wait_s: float | None  # None until the engine has measured its steps
 
 
+class Admits(Protocol):
+    """What the server's handlers use of admission: the local `Admission`, or `canvas.cluster.remote.RemoteAdmission`
+    (generations on Ray Serve replicas). `affinity` names what a generation's engine should have cached (the
+    document it edits): a remote admission keeps those together on one replica; the local one has one engine."""
+
+    async def submit_async(self, request: GenRequest, on_event: Callable[[Event], None] | None, *, owner: Hashable,
+                           replacing: GenHandle | None = None, affinity: str | None = None) -> Admitted: ...
+
+    async def stats_async(self) -> dict[str, Any]:
+        """For /health (a remote admission asks its replicas)."""
+        ...
+
+    async def aclose(self) -> None:
+        """At server shutdown, after every generation was stopped."""
+
+
 class Admission:
     """The admission policy of one server: `submit` queues a generation or raises `Busy`. Runs on the event loop."""
 
@@ -152,6 +170,17 @@ class Admission:
         self.counts["admitted"] += 1
         self._outside.pop(owner, None)
         return Admitted(handle, seen[0], self.wait_s(seen[0], load))
+
+    async def submit_async(self, request: GenRequest, on_event: Callable[[Event], None] | None, *, owner: Hashable,
+                           replacing: GenHandle | None = None, affinity: str | None = None) -> Admitted:
+        """`submit`, as `Admits` has it: one engine here, so `affinity` changes nothing."""
+        return self.submit(request, on_event, owner=owner, replacing=replacing)
+
+    async def stats_async(self) -> dict[str, Any]:
+        return self.stats()
+
+    async def aclose(self) -> None:
+        """Nothing to close: the server stops the engine itself."""
 
     def _refused(self, owner: Hashable) -> int:
         """Note `owner`'s refusal; returns its place among the owners waiting outside (1: refused first)."""

@@ -29,7 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from canvas import __version__
 from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, parse_client_message
-from canvas.server.admission import Admission
+from canvas.server.admission import Admission, Admits
 from canvas.server.backend import Backend, default_model_dir, load_backend
 from canvas.server.config import ServerConfig
 from canvas.server.http_api import HttpApi
@@ -43,8 +43,11 @@ log = logging.getLogger("canvas.server")
 SUBPROTOCOL = "dcanvas.v1"
 
 
-def create_app(config: ServerConfig, backend: Backend | None = None, store: DocStore | None = None) -> Starlette:
-    """The app for `config`. Without `backend`, the model in `config.model_dir` (or the default one) is loaded."""
+def create_app(config: ServerConfig, backend: Backend | None = None, store: DocStore | None = None,
+               admission: Admits | None = None) -> Starlette:
+    """The app for `config`. Without `backend`, the model in `config.model_dir` (or the default one) is loaded.
+    `admission`: where generations go instead of the backend's engine (`canvas.cluster.remote.RemoteAdmission`:
+    Ray Serve replicas); the backend then needs no engine, and the server starts none."""
     if backend is None:
         model_dir = config.model_dir or default_model_dir()
         if model_dir is None:
@@ -53,21 +56,25 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
     own_store = store is None
     the_store = open_store(config.db) if store is None else store
     # One admission policy for the websocket and the HTTP routes: both wait in the engine's one queue.
-    admission = Admission(backend.engine, config.admission)
-    hub = Hub(backend, the_store, config.limits, token=config.token, admission=admission)
-    api = HttpApi(config, backend, admission=admission)  # the OpenAI-compatible routes and llama.cpp's /infill
+    admits: Admits = Admission(backend.engine, config.admission) if admission is None else admission
+    engine = backend.local_engine if admission is None else None  # a remote admission's engines run elsewhere
+    hub = Hub(backend, the_store, config.limits, token=config.token, admission=admits)
+    api = HttpApi(config, backend, admission=admits)  # the OpenAI-compatible routes and llama.cpp's /infill
     started = time.monotonic()
     schema = json_schema()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        backend.engine.start()
+        if engine is not None:
+            engine.start()
         hub.peers.follow()  # a store shared with other server processes: learn of their changes as they happen
         try:
             yield
         finally:
             await hub.gens.shutdown()
-            backend.engine.stop()
+            await admits.aclose()
+            if engine is not None:
+                engine.stop()
             if own_store:
                 the_store.close()
 
@@ -82,7 +89,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
                 "documents_open": len(hub.docs),
                 "generations_running": len(hub.gens.runs),
                 "http_generations": api.stats(),
-                "queue": admission.stats(),
+                "queue": await admits.stats_async(),
                 "uptime_s": round(time.monotonic() - started, 1),
             }
         )

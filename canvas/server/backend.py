@@ -20,6 +20,7 @@ from typing import Any
 
 from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
 from canvas.engine import Engine, GenRequest
+from canvas.model.config import ModelConfig
 from canvas.model.cpu import DtypeChoice
 from canvas.sampler import SamplerConfig, load_sampler_defaults
 
@@ -35,7 +36,9 @@ We walked along the road until the sun went down, then we sat by the fire and ta
 @dataclass
 class Backend:
     name: str
-    engine: Engine
+    # None: this server runs no model; its generations run elsewhere (`dcanvas serve --ray`: on Ray Serve replicas,
+    # each with its own Backend that has one). `engine` then raises: reaching for it is a bug.
+    local_engine: Engine | None
     tokenizer: HFTokenizer  # the document's view of the tokenizer
     canvas_length: int
     bos_id: int | None
@@ -44,6 +47,12 @@ class Backend:
     modes: tuple[str, ...] = ("diffusion", "ar")
     sampler_defaults: SamplerConfig = field(default_factory=SamplerConfig)  # the model's generation_config.json
     _decoded: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def engine(self) -> Engine:
+        if self.local_engine is None:
+            raise RuntimeError(f"{self.name}: this server runs no engine (its generations run on Ray Serve replicas)")
+        return self.local_engine
 
     def token_text(self, token: int) -> str:
         """The text of one token for display (a lone byte of a multi-byte character shows as U+FFFD)."""
@@ -81,6 +90,36 @@ def _special_id(tok: Any, attr: str, token: str | None = None) -> int | None:
     return None
 
 
+def _special_ids(tok: Any, config: ModelConfig) -> tuple[int | None, int | None, int | None]:
+    """(bos, eos, null): the tokenizer's, else the model config's."""
+    null_id = _special_id(tok, "null_token_id", "<null>")
+    if null_id is None:
+        null_id = config.null_token_id
+    eos_id = _special_id(tok, "eos_token_id")
+    if eos_id is None and config.eos_token_ids:
+        eos_id = config.eos_token_ids[0]
+    return _special_id(tok, "bos_token_id"), eos_id, null_id
+
+
+def load_frontend(model_dir: str | Path) -> Backend:
+    """A `Backend` without the model (`engine` None): the tokenizer, canvas length, special ids and sampler
+    defaults of `model_dir`, read from its config.json, generation_config.json and tokenizer files only (the
+    weights need not be there). What an ingress needs whose generations run on Ray Serve replicas."""
+    from transformers import AutoTokenizer
+
+    from canvas.model.io import read_config
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
+    config = read_config(path)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    bos_id, eos_id, null_id = _special_ids(tok, config)
+    return Backend(name=config.name or path.name, local_engine=None, tokenizer=HFTokenizer(tok),
+                   canvas_length=config.canvas_length, bos_id=bos_id, eos_id=eos_id, null_id=null_id,
+                   sampler_defaults=load_sampler_defaults(path))
+
+
 def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoice = "auto",
                  threads: int | None = None) -> Backend:
     """Load the model and tokenizer in `model_dir` and start nothing yet (the server starts the engine).
@@ -103,18 +142,13 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path))))
     sampler_defaults = load_sampler_defaults(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    null_id = _special_id(tok, "null_token_id", "<null>")
-    if null_id is None:
-        null_id = model.config.null_token_id
-    eos_id = _special_id(tok, "eos_token_id")
-    if eos_id is None and model.config.eos_token_ids:
-        eos_id = model.config.eos_token_ids[0]
+    bos_id, eos_id, null_id = _special_ids(tok, model.config)
     return Backend(
         name=model.config.name or path.name,
-        engine=Engine(model, max_batch=max_batch),
+        local_engine=Engine(model, max_batch=max_batch),
         tokenizer=HFTokenizer(tok),
         canvas_length=model.config.canvas_length,
-        bos_id=_special_id(tok, "bos_token_id"),
+        bos_id=bos_id,
         eos_id=eos_id,
         null_id=null_id,
         sampler_defaults=sampler_defaults,

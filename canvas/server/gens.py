@@ -138,11 +138,17 @@ class Generations:
                 except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
                     pass
 
-            try:  # a refusal changes nothing: the generation it would supersede keeps running (or waiting)
-                admitted = hub.admission.submit(request, deliver, owner=session.id,
-                                                replacing=None if old is None else old.handle)
+            # A refusal changes nothing: the generation it would supersede keeps running (or waiting). With remote
+            # replicas this awaits one round trip under the document's lock, so no edit slips in between.
+            try:
+                admitted = await hub.admission.submit_async(request, deliver, owner=session.id,
+                                                            replacing=None if old is None else old.handle,
+                                                            affinity=doc.doc_id)
             except Busy as e:
                 raise e.protocol_error() from None
+            if session.id not in hub.sessions:  # it closed while a remote replica was asked: nobody to tell
+                admitted.handle.cancel()
+                return
             if old is not None:
                 old.stop("superseded")  # if it was queued, it has already left the queue
             run.handle = admitted.handle
@@ -269,6 +275,8 @@ class Generations:
                     status, message = "failed", f"the generation could not be read back: {e}"
             elif status == "failed":
                 message = (done.error or "the engine failed")[:300]
+            elif status == "unavailable":  # its engine replica died: retryable, the document lost nothing
+                message = (done.error or "the engine replica went away")[:300]
             elif status == "stale":
                 message = "an edit overlapped the text being generated"
             self._close(run, status, proposal, done, message)

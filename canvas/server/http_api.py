@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
 from canvas.engine import Done, Frame, GenHandle, GenRequest
-from canvas.server.admission import Admission, Busy
+from canvas.server.admission import Admission, Admits, Busy
 from canvas.server.backend import Backend
 from canvas.server.config import ServerConfig
 from canvas.server.security import origin_allowed, token_ok
@@ -134,7 +134,7 @@ class HttpApi:
     """The state the HTTP dialects share: the backend, the limits, the token, and the counters."""
 
     def __init__(self, config: ServerConfig, backend: Backend, limits: ApiLimits | None = None,
-                 admission: Admission | None = None) -> None:
+                 admission: Admits | None = None) -> None:
         self.config, self.backend = config, backend
         self.limits = limits if limits is not None else ApiLimits.for_server(config)
         self.admission = admission if admission is not None else Admission(backend.engine, config.admission)
@@ -223,17 +223,17 @@ class HttpApi:
         """The admission lane of a request: its client's address (one editor's requests share a lane)."""
         return ("http", request.client.host if request.client is not None else None)
 
-    def start(self, plan: Plan, task: TextTask, owner: Hashable = ("http", None)) -> TextRun:
+    async def start(self, plan: Plan, task: TextTask, owner: Hashable = ("http", None)) -> TextRun:
         """The task's generations queued in the engine in `owner`'s lane, with room reserved for them: 429 when HTTP
         has its share running, or when admission refuses one of them (`Retry-After` then says when to retry)."""
         self.acquire(task.n)
 
-        def submit(request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
-            return self.admission.submit(request, deliver, owner=owner).handle
+        async def submit(request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
+            return (await self.admission.submit_async(request, deliver, owner=owner)).handle
 
         run = TextRun(self.backend, plan, task, submit)
         try:
-            run.start()
+            await run.start()
         except Busy as e:
             run.close()  # choices already queued leave the queue
             self.release(task.n, "refused")

@@ -69,7 +69,7 @@ from canvas.protocol import (
     Window,
     error_for_exception,
 )
-from canvas.server.admission import Admission
+from canvas.server.admission import Admission, Admits
 from canvas.server.backend import Backend
 from canvas.server.gens import Generations
 from canvas.server.peers import Peers
@@ -112,10 +112,10 @@ def _length_after(length: int, ops: list[EditOp]) -> int:
 
 class Hub:
     def __init__(self, backend: Backend, store: DocStore, limits: ServerLimits, token: str | None = None,
-                 admission: Admission | None = None) -> None:
+                 admission: Admits | None = None) -> None:
         self.backend, self.store, self.limits, self.token = backend, store, limits, token
         self.peers = Peers(self)  # other server processes sharing the store (PostgreSQL), if any
-        self.admission = admission if admission is not None else Admission(backend.engine)
+        self.admission: Admits = admission if admission is not None else Admission(backend.engine)
         self.sessions: dict[str, Session] = {}
         self.docs: dict[str, LiveDoc] = {}
         self.gens = Generations(self)

@@ -215,7 +215,7 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
             if task.max_tokens == 0:  # a warm-up: nothing to generate
                 body = _result(api, req, task, the_plan, Finish(0, "length", "", 0, None, 0, 0.0, 0.0))
                 return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
-            run = api.start(the_plan, task, api.owner(request))
+            run = await api.start(the_plan, task, api.owner(request))
         except Refusal as e:
             return _error(e)
         deadline = _Deadline(run, req.t_max_predict_ms)
@@ -225,7 +225,8 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
             except ClientGone:
                 return Response(status_code=499)  # nobody reads it
             except GenerationFailed as e:
-                return _error(Refusal(500, f"the generation failed: {e}"))
+                return _error(Refusal(e.refusal_status(), f"the generation failed: {e}",
+                                      retry_after=1.0 if e.retryable else None))
             body = _result(api, req, task, the_plan, done)
             return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
 

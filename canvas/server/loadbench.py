@@ -6,9 +6,11 @@ own first-frame time on the idle server (a lone session, `--solo` generations), 
 reject the proposal, sometimes undo, with a short pause. A `gen.start` refused as `busy` is a refusal, not an error:
 the session waits the `retry_after_s` the server gave (with jitter) and asks again. Reports refusals, errors other
 than `busy` (goal 0), p50/p99 time from the admitted `gen.start` to its first progress frame (goal: p99 <= 3x the
-solo first frame) and from the first attempt (retries included), time between frames, generations by status, the
-server's queue figures (`/health`) and its RSS sampled every second (goal: bounded). The last line of stdout is one
-JSON document with every figure.
+solo first frame) and from the first attempt (retries included), time between frames, generations by status and
+completed per minute, the server's queue figures (`/health`) and its RSS sampled every second (goal: bounded). With
+`--ray --replicas N` the server runs its engine as N Ray Serve replicas (`canvas.cluster`) and the figures add the
+generations each replica started; the RSS is then the ingress's only. The last line of stdout is one JSON document
+with every figure.
 
     python -m canvas.server.loadbench --model DIR --sessions 50 --seconds 60
 """
@@ -142,6 +144,17 @@ def _word_spans(text: str) -> list[tuple[int, str]]:
     return out or [(0, text)]
 
 
+def _cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) the process has used so far; None where /proc cannot say."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _rss_mib(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -201,10 +214,14 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
                 rss.append((round(time.monotonic() - t0, 1), value))
             await asyncio.sleep(1.0)
 
+    cpu_before = _cpu_s(pid)
     sampler = asyncio.create_task(sample())
     await asyncio.gather(*(_session(url, token, deadline, fig, random.Random(i)) for i in range(sessions)))
     sampler.cancel()
     wall = time.monotonic() - t0
+    cpu_after = _cpu_s(pid)
+    await asyncio.sleep(1.5)  # replicas post their counters every second
+    queue = _health(url).get("queue")
     solo_p50 = _pct(solo_s, 50)
     admitted_p99 = _pct(fig.first_frame_s, 99)
     return {
@@ -219,7 +236,13 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
                                         "p99": _pct(fig.first_frame_retries_s, 99)},
         "first_frame_free_row_ms": {"n": len(fig.first_frame_at_once_s), "p50": _pct(fig.first_frame_at_once_s, 50),
                                     "p99": _pct(fig.first_frame_at_once_s, 99)},
-        "server_queue": _health(url).get("queue"),
+        "server_queue": queue,
+        "generations_per_min": round(fig.statuses.get("completed", 0) * 60 / wall, 1) if wall > 0 else None,
+        # The server process's CPU over the sessions' run (with --ray: the ingress alone, not its replicas).
+        "server_cpu_s": round(cpu_after - cpu_before, 2) if cpu_after is not None and cpu_before is not None
+        else None,
+        # With --ray: generations each engine replica started (its own count, on /health), the solo ones included.
+        "generations_by_replica": (queue or {}).get("generations_by_replica"),
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
         "generations": dict(fig.statuses),
@@ -236,6 +259,18 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
             "samples": rss,
         },
     }
+
+
+def _brief(queue: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The server's queue figures without the per-replica details (printed on their own line)."""
+    return None if queue is None else {k: v for k, v in queue.items() if k != "replicas"}
+
+
+def _wait_replicas(url: str, replicas: int, deadline: float) -> None:
+    while (_health(url).get("queue") or {}).get("replicas_live", 0) < replicas:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {replicas} engine replicas came up")
+        time.sleep(0.5)
 
 
 def _free_port() -> int:
@@ -269,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
         cmd += ["--model", args.model] if args.model else []  # fmt: skip
         cmd += ["--threads", str(args.threads)] if args.threads else []  # fmt: skip
         cmd += ["--first-frame-slo", args.first_frame_slo] if args.first_frame_slo else []  # fmt: skip
+        cmd += ["--ray", "--replicas", str(args.replicas)] if args.ray else []  # fmt: skip
+        cmd += ["--ray-address", args.ray_address] if args.ray and args.ray_address else []  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
         url = f"ws://127.0.0.1:{port}/ws"
         deadline = time.monotonic() + 180
@@ -283,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
                 time.sleep(0.3)
     try:
         pid = proc.pid if proc is not None else args.pid
+        if args.ray:  # the replicas come up after the ingress answers: wait until all of them post figures
+            _wait_replicas(url, args.replicas, deadline=time.monotonic() + 300)
         result = asyncio.run(_run(url, args.token, args.sessions, args.seconds, pid, args.solo))
     finally:
         if proc is not None:
@@ -295,9 +334,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"first frame ms: solo {r['solo_first_frame_ms']}; admitted {r['first_frame_ms']} "
           f"(p99 {r['admitted_p99_over_solo']}x solo); with retries {r['first_frame_with_retries_ms']}; "
           f"admitted to a free row {r['first_frame_free_row_ms']}")
-    print(f"between frames ms {r['between_frames_ms']}; server queue {r['server_queue']}")
+    print(f"between frames ms {r['between_frames_ms']}; server queue {_brief(r['server_queue'])}")
+    if r["generations_by_replica"] is not None:
+        print(f"generations/min {r['generations_per_min']}; by replica {r['generations_by_replica']}")
+    else:
+        print(f"generations/min {r['generations_per_min']}")
     m = r["server_rss_mib"]
-    print(f"server RSS MiB first {m['first']} max {m['max']} last {m['last']}")
+    print(f"server RSS MiB first {m['first']} max {m['max']} last {m['last']}; server CPU {r['server_cpu_s']} s")
     print(json.dumps(result))
     return 0 if result["errors"] == 0 else 1
 
@@ -311,6 +354,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="the started server's --threads")
     parser.add_argument("--first-frame-slo", default=None, help="the started server's --first-frame-slo")
     parser.add_argument("--max-queue", default="auto", help="the started server's --max-queue (default auto)")
+    parser.add_argument("--ray", action="store_true", help="start the server with --ray (engine replicas on Ray)")
+    parser.add_argument("--replicas", type=int, default=1, help="with --ray: the server's engine replicas")
+    parser.add_argument("--ray-address", default=None, help="with --ray: a running Ray cluster (default: local)")
     parser.add_argument("--solo", type=int, default=5, help="generations timed alone on the idle server first")
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)

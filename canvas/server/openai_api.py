@@ -278,7 +278,7 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         empty = [Finish(i, "length", "", 0, None, 0, 0.0, 0.0) for i in range(task.n)]
         return JSONResponse(_final(rid, created, name, kind, empty, the_plan.prompt_tokens, fresh_turn))
     try:
-        run = api.start(the_plan, task, api.owner(request))
+        run = await api.start(the_plan, task, api.owner(request))
     except Refusal as e:
         return _error(e)
     if not req.stream:
@@ -287,7 +287,8 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         except GenerationFailed as e:
-            return _error(Refusal(500, f"the generation failed: {e}", kind="server_error"))
+            return _error(Refusal(e.refusal_status(), f"the generation failed: {e}", kind="server_error",
+                                  retry_after=1.0 if e.retryable else None))
         return JSONResponse(_final(rid, created, name, kind, done, the_plan.prompt_tokens, fresh_turn))
 
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"

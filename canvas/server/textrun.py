@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from canvas.engine import Done, Frame, GenHandle, GenRequest
@@ -32,7 +32,16 @@ from canvas.server.textgen import End, Plan, TextReader, TextTask
 
 
 class GenerationFailed(Exception):
-    """The engine failed a choice's generation (or stopped without being asked to)."""
+    """The engine failed a choice's generation (or stopped without being asked to). `retryable`: its engine went away
+    (a Ray Serve replica died, status `unavailable`); the same request may succeed now on another."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+    def refusal_status(self) -> int:
+        """The HTTP status of a response that had not started: 503 (retry) or 500."""
+        return 503 if self.retryable else 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +73,7 @@ class Finish:
 
 Event = Delta | Draft | Finish
 # How a run puts one choice's request in the engine's queue (the server's admission control; it may raise).
-Submit = Callable[[GenRequest, Callable[[Frame | Done], None]], GenHandle]
+Submit = Callable[[GenRequest, Callable[[Frame | Done], None]], Awaitable[GenHandle]]
 
 
 class _Choice:
@@ -82,12 +91,15 @@ class _Choice:
 class TextRun:
     def __init__(self, backend: Backend, plan: Plan, task: TextTask, submit: Submit | None = None) -> None:
         self.backend, self.plan, self.task = backend, plan, task
-        self._submit: Submit = submit if submit is not None else backend.engine.submit
+        self._submit: Submit = submit if submit is not None else self._on_engine
         self.queue: asyncio.Queue[tuple[int, Frame | Done]] = asyncio.Queue()
         self.choices: list[_Choice] = []
         self._settle: set[int] = set()
 
-    def start(self) -> None:
+    async def _on_engine(self, request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
+        return self.backend.engine.submit(request, deliver)  # no admission control: straight into the engine
+
+    async def start(self) -> None:
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
         for i in range(self.task.n):
@@ -103,7 +115,7 @@ class TextRun:
                 except RuntimeError:  # the event loop is gone (shutting down): nobody is listening
                     pass
 
-            choice.handle = self._submit(request, deliver)
+            choice.handle = await self._submit(request, deliver)
 
     def close(self) -> None:
         """Cancel every generation still running (idempotent)."""
@@ -161,7 +173,7 @@ class TextRun:
             return out
         if ev.status != "completed":
             c.finished = True
-            raise GenerationFailed(ev.error or f"the generation was {ev.status}")
+            raise GenerationFailed(ev.error or f"the generation was {ev.status}", retryable=ev.status == "unavailable")
         c.steps = ev.steps
         fed = c.reader.canvases
         for k in range(fed, len(ev.canvases)):

@@ -213,7 +213,7 @@ async def test_streamed_deltas_join_to_the_final_text(backend: Backend) -> None:
     cfg = dataclasses.replace(backend.sampler_defaults, max_steps=3)
     task = TextTask(PROMPT, max_tokens=40, config=cfg, seed=11, n=2)
     run = TextRun(backend, plan(backend, task, max_context=99), task)
-    run.start()
+    await run.start()
     evs = await asyncio.wait_for(events_of(run), 60)
     finishes = {e.index: e for e in evs if isinstance(e, Finish)}
     assert sorted(finishes) == [0, 1]
@@ -224,7 +224,7 @@ async def test_streamed_deltas_join_to_the_final_text(backend: Backend) -> None:
         assert all(e.index != i for e in evs[first_finish + 1 :])  # nothing of a choice after its Finish
     # The same seed gives the same text, whatever it was batched with.
     again = TextRun(backend, plan(backend, task, max_context=99), dataclasses.replace(task, n=1))
-    again.start()
+    await again.start()
     (solo,) = [e for e in await asyncio.wait_for(events_of(again), 60) if isinstance(e, Finish)]
     assert solo.text == finishes[0].text
 
@@ -233,7 +233,7 @@ async def test_settle_takes_the_draft_and_frees_the_engine_row(backend: Backend)
     cfg = dataclasses.replace(backend.sampler_defaults, max_steps=1024, entropy_bound=1e-9)
     task = TextTask(PROMPT, SUFFIX, max_tokens=8, config=cfg, seed=3)
     run = TextRun(backend, plan(backend, task, max_context=99), task)
-    run.start()
+    await run.start()
     drafts: list[Draft] = []
     async for ev in run.events():
         if isinstance(ev, Draft):
@@ -250,7 +250,7 @@ async def test_closing_a_run_cancels_its_generations(backend: Backend) -> None:
     cfg = dataclasses.replace(backend.sampler_defaults, max_steps=1024, entropy_bound=1e-9)
     task = TextTask(PROMPT, max_tokens=64, config=cfg, n=2)
     run = TextRun(backend, plan(backend, task, max_context=99), task)
-    run.start()
+    await run.start()
     stream = run.events()
     await anext(stream)
     await stream.aclose()  # what a client that goes away causes

@@ -28,6 +28,7 @@ DONE_WORDS = {
     "cancelled": "Generation cancelled.",
     "superseded": "Generation replaced by a newer one.",
     "stale": "Generation stopped: an edit overlapped the text being generated.",
+    "unavailable": "Generation lost: its engine replica went away. Start it again.",
 }
 
 
