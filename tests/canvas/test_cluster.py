@@ -6,8 +6,9 @@ gen.start, progress, gen.done, proposal.accept) on several documents, one cancel
 frees its row), and an HTTP completion with two choices; the per-replica counters on /health show generations on
 both replicas. Slow: a replica killed mid-generation
 (`ray.kill` of its actor) ends that generation with `unavailable`, the document is as it was, and the next
-gen.start is served; and an application deployed with one replica scaled to two (`dcanvas cluster scale`) without
-restarting its ingress, the new replica taking work.
+gen.start is served; an application deployed with one replica scaled to two (`dcanvas cluster scale`) without
+restarting its ingress, the new replica taking work; and two ingresses in front of the same replicas sharing their
+documents through PostgreSQL (the whole deployment of the README).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _free_port() -> int:
 class Ingress:
     """A `dcanvas serve --ray` process joined to the test's Ray cluster."""
 
-    def __init__(self, model: Path, db: Path, address: str, replicas: int, app: str) -> None:
+    def __init__(self, model: Path, db: Path | str, address: str, replicas: int, app: str) -> None:
         self.port, self.app = _free_port(), app
         self.url = f"ws://127.0.0.1:{self.port}/ws"
         args = [sys.executable, "-m", "canvas.cli", "serve", "--ray", "--replicas", str(replicas), "--ray-address",
@@ -237,3 +238,40 @@ def test_scaling_one_replica_to_two_without_restarting_the_ingress(
         assert len(new) == 1 and queue["generations_by_replica"][new[0]] > 0, queue["generations_by_replica"]
     finally:
         one.close()
+
+
+@pytest.mark.slow
+def test_two_ingresses_share_the_replicas_and_the_documents(model_dir: Path, ray_address: str, pg_url: str) -> None:
+    """The README's full deployment: two `dcanvas serve --ray --db postgresql://...` ingresses, the first deploying two
+    replicas and the second attaching to them; one client on each edits, generates and accepts on one document."""
+    first = Ingress(model_dir, pg_url, ray_address, 2, "shared")
+    second: Ingress | None = None
+    try:
+        first.wait_for("two replicas", lambda q: q["replicas_live"] == 2)
+        second = Ingress(model_dir, pg_url, ray_address, 2, "shared")
+        second.wait_for("attached to the two replicas", lambda q: q["replicas_live"] == 2)
+
+        async def scenario(a_url: str, b_url: str) -> None:
+            seen_by_a: list[int] = []
+            async with DcanvasClient.connect(a_url, on_state=lambda s: seen_by_a.append(s.v)) as a, \
+                    DcanvasClient.connect(b_url) as b:
+                doc = await a.open(text=TEXT)
+                masked = await b.edit(doc.doc_id, (await b.open(doc.doc_id)).v, [MaskOp(start=4, end=7)])
+                # A's client hears of B's edit (pushed), and generates on the version B made.
+                for _ in range(100):
+                    if masked.v in seen_by_a:
+                        break
+                    await asyncio.sleep(0.05)
+                assert masked.v in seen_by_a
+                done = await a.generate(doc.doc_id, masked.v, max_steps=6, seed=1).result()
+                assert done.status == "completed" and done.proposal is not None, done
+                # B accepts the proposal A's generation left (any session may settle it once it is stored).
+                accepted = await b.accept(done.gen, masked.v)
+                assert accepted.v == masked.v + 1 and accepted.text.endswith(TEXT[7:])
+                assert (await a.open(doc.doc_id)).text == accepted.text
+
+        asyncio.run(scenario(first.url, second.url))
+    finally:
+        if second is not None:
+            second.close()
+        first.close()
