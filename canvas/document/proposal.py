@@ -3,7 +3,10 @@ form of a proposal (`proposal_to_json` / `proposal_from_json`, so that a pending
 
 Null (gap) tokens are dropped wherever they appear in a region, so an infill can come out shorter than its gap
 (a model whose tokenizer has no null token fills exactly). An end-of-sequence id, when given, ends its region:
-it and everything after it in that region are dropped, as the reference pads everything after EOS.
+it and everything after it in that region are dropped, as the reference pads everything after EOS. Ids at the end
+of a region that never complete a character (the model stopped inside a multi-byte UTF-8 sequence) are dropped too,
+as a streaming detokenizer holds back an incomplete character: kept, they would join bytes a later generation puts
+after them, and the document would hold text its tokens do not decode to.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 from canvas.document.base import Atom
 from canvas.document.errors import StateError
 from canvas.document.history import atom_from_json, atom_to_json
-from canvas.document.tokenizer import TextTokenizer, atoms_from_ids
+from canvas.document.tokenizer import INCOMPLETE, TextTokenizer, atoms_from_ids
 from canvas.document.views import DiffChunk, DiffOp, Proposal, RegionEdit
 
 
@@ -35,7 +38,11 @@ def region_atoms(
         if null_id is not None and t == null_id:
             continue
         kept.append(t)
-    return atoms_from_ids(tokenizer, kept, left)
+    atoms = atoms_from_ids(tokenizer, kept, left)
+    # atoms_from_ids ends every atom but the last at a whole character: only its leftover ids can end in U+FFFD.
+    if atoms and atoms[-1].text.endswith(INCOMPLETE):
+        atoms.pop()
+    return atoms
 
 
 def char_diff(old: str, new: str) -> tuple[DiffChunk, ...]:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from canvas.document.base import Atom
 from canvas.document.errors import TokenizationError
 
-_INCOMPLETE = "\ufffd"  # what a byte-level decoder emits for bytes that do not form a whole character yet
+INCOMPLETE = "\ufffd"  # what a byte-level decoder emits for bytes that do not form a whole character yet
 _CONTEXT_ATOMS = 3  # atoms of left context used to decode generated ids (SentencePiece decoders strip a lead space)
 
 
@@ -171,7 +171,7 @@ def atoms_from_ids(tokenizer: TextTokenizer, ids: Sequence[int], left: Sequence[
         # SentencePiece decoder strips from a first token); where bytes of a broken sequence merge across the
         # boundary, the text decoded alone keeps every atom's text equal to the decoding of its own ids.
         piece = in_context if in_context.endswith(alone) else alone
-        if piece and not piece.endswith(_INCOMPLETE):
+        if piece and not piece.endswith(INCOMPLETE):
             atoms.append(Atom(tuple(pending), piece))
             context = (context + [tuple(pending)])[-_CONTEXT_ATOMS:]
             flat = [t for a in context for t in a]

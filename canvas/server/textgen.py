@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from canvas.document import Atom, atoms_from_ids
+from canvas.document.tokenizer import INCOMPLETE
 from canvas.engine import GenRequest
 from canvas.sampler import SamplerConfig
 from canvas.server.backend import Backend
 
-_INCOMPLETE = "\ufffd"  # what the decoder emits for bytes that do not form a whole character yet
 _MIN_TEMPERATURE = 0.01  # "temperature 0": near-greedy; far above 0 so banned logits (-1e4) stay far below
 # The largest gap training lays out (CorruptionConfig.max_gap_frac): a longer one is out of distribution.
 _MAX_GAP_SHARE = 0.75
@@ -230,7 +230,7 @@ class TextReader:
     def _add(self, ids: list[int], *, final: bool) -> None:
         atoms = atoms_from_ids(self._backend.tokenizer, self._pending + ids, (*self._atoms[-3:],) or self._plan.left)
         self._pending = []
-        if atoms and not final and atoms[-1].text.endswith(_INCOMPLETE):
+        if atoms and not final and atoms[-1].text.endswith(INCOMPLETE):
             self._pending = list(atoms.pop().ids)  # its character may complete in the next canvas
         self._atoms.extend(atoms)
         self.text += "".join(a.text for a in atoms)

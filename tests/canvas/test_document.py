@@ -630,6 +630,29 @@ def test_infill_shorter_than_its_gap_and_multibyte_output(tok: HFTokenizer) -> N
     assert all(tok.decode(a.ids) == a.text for a in doc.atoms())
 
 
+def test_a_character_left_incomplete_at_a_region_end_is_dropped(tok: HFTokenizer) -> None:
+    # A generation that stops inside "中" (its first byte tokens only), then a later one next to it that starts
+    # with the remaining bytes: kept, the two halves would decode as "中" together but as U+FFFD apart.
+    whole = atoms_from_text(tok, "中")[0].ids
+    assert len(whole) > 1, "the test needs a character split over several tokens"
+    null_id = tok.token_id("<null>")
+    doc = make(tok, "A B", canvas=32)
+    doc.insert_gap(1, 6)
+    gen = list(doc.canvas_view().slot_ids)
+    region = doc.canvas_view().free_regions[0]
+    head = [*tok.encode(" x").ids, *whole[:-1]]
+    gen[region.slot_start : region.slot_end] = head + [null_id] * (region.slots - len(head))
+    doc.apply_proposal(doc.make_proposal(gen, null_id))
+    assert doc.text == "A x B"  # the incomplete bytes are gone, not shown as U+FFFD
+    doc.insert_gap(3, 4)
+    gen = list(doc.canvas_view().slot_ids)
+    region = doc.canvas_view().free_regions[0]
+    tail = [whole[-1], *tok.encode("y").ids]
+    gen[region.slot_start : region.slot_end] = tail + [null_id] * (region.slots - len(tail))
+    doc.apply_proposal(doc.make_proposal(gen, null_id))
+    assert tok.decode([t for a in doc.atoms() for t in a.ids]) == doc.text == "A x\ufffdy B"
+
+
 def test_full_canvas_length_generation_is_accepted(tok: HFTokenizer) -> None:
     doc = make(tok, "The cat sat on the mat.", canvas=32)
     doc.mask(3, 18)
