@@ -33,7 +33,7 @@ test: setup
 	$(PY) -m pytest -m "not slow" -q
 
 test-slow: setup
-	$(PY) -m pytest -m "slow" -q
+	HYPOTHESIS_PROFILE=default $(PY) -m pytest -m "slow" -q
 
 eval-deps: setup
 	$(PY) -m pip install -q -e ".[eval]"
