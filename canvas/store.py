@@ -21,7 +21,7 @@ Invariants:
 
 `DocStore` is the interface the server uses; `canvas.store_pg.PgStore` implements it in PostgreSQL, and with it
 `SharedStore` (cross-process locks, change stamps, notifications) for several server processes serving the same
-documents. `open_store` picks one from a path or a `postgresql://` URL. A SQLite file is served by one process.
+documents; the two share their reads and common writes through `_SqlStore`. `open_store` picks one from a path or a `postgresql://` URL. A SQLite file is served by one process.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 SCHEMA_VERSION = 2
 
@@ -139,6 +139,8 @@ Positions = Mapping[str, tuple[int, int, bool]]
 
 
 _PROPOSAL_COLUMNS = 'gen, doc_id, owner, body, start, "end", stale, outcome'
+# A settled proposal keeps its row (so a late request about it gets a precise answer) but not its body.
+_SETTLE = "UPDATE proposals SET outcome=?, body=NULL, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL"
 
 
 def _proposal(row: tuple[Any, ...]) -> ProposalRecord:
@@ -147,11 +149,30 @@ def _proposal(row: tuple[Any, ...]) -> ProposalRecord:
                           outcome)  # fmt: skip
 
 
+def _doc_record(row: tuple[Any, ...]) -> DocRecord:
+    return DocRecord(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), float(row[5]))
+
+
 def _encode(what: str, value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what} is not JSON-serialisable: {e}") from None
+
+
+def _save_blobs(
+    v: int, state: dict[str, Any], ops: list[Any] | None, change: Any, chars: int | None
+) -> tuple[str, str | None, str | None, int]:
+    """`save`'s arguments checked and encoded, before any lock is taken: (state, ops, change, chars)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict, not {type(state).__name__}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"version must be a non-negative int (got {v!r})")
+    if chars is None:
+        text = state.get("text")
+        chars = len(text) if isinstance(text, str) else 0
+    return (_encode("state", state), None if ops is None else _encode("ops", ops),
+            None if change is None else _encode("change", change), chars)  # fmt: skip
 
 
 class DocStore(Protocol):
@@ -209,7 +230,128 @@ def describe(target: str | Path) -> str:
     return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
 
 
-class Store:
+class _SqlStore:
+    """What the SQLite and PostgreSQL stores share: one connection (`_db`) guarded by one lock (`_lock`), the reads,
+    and the writes whose SQL is the same in both. Queries are written with `?` parameters; `_PARAM` is the driver's
+    own (psycopg's `%s`), swapped in by `_q` (no query here holds a literal `?`). Subclasses provide `_writing`
+    (one write transaction) and may hook `_touched` (a write to a document committed with that transaction)."""
+
+    _PARAM = "?"
+    _PROPOSAL_ORDER = "rowid"  # the proposals column that orders them as they were added
+    _db: Any
+    _lock: threading.Lock
+
+    def _q(self, sql: str) -> str:
+        return sql if self._PARAM == "?" else sql.replace("?", self._PARAM)
+
+    def _writing(self, doc_id: str) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _touched(self, doc_id: str) -> None:
+        """Called inside a write transaction that changed `doc_id` (or deleted it)."""
+
+    # -- writing ---------------------------------------------------------------------------------------------
+
+    def _settle(self, doc_id: str, positions: Positions, resolved: Mapping[str, str], now: float) -> None:
+        cur = self._db.cursor()
+        if positions:
+            cur.executemany(
+                self._q('UPDATE proposals SET start=?, "end"=?, stale=?, updated=? '
+                        "WHERE gen=? AND doc_id=? AND outcome IS NULL"),
+                [(s, e, bool(stale), now, gen, doc_id) for gen, (s, e, stale) in positions.items()],
+            )  # fmt: skip
+        if resolved:
+            cur.executemany(self._q(_SETTLE), [(outcome, now, gen, doc_id) for gen, outcome in resolved.items()])
+
+    def resolve_proposal(self, doc_id: str, gen: str, outcome: str) -> bool:
+        """Settle a pending proposal without an edit (rejected, or found stale). Returns whether it was pending."""
+        with self._lock, self._writing(doc_id):
+            cur = self._db.execute(self._q(_SETTLE), (outcome, time.time(), gen, doc_id))
+            if cur.rowcount > 0:
+                self._touched(doc_id)
+            return bool(cur.rowcount > 0)
+
+    def delete(self, doc_id: str) -> bool:
+        """Remove a document, its edit log and its proposals. Returns whether it existed."""
+        with self._lock, self._writing(doc_id):
+            self._db.execute(self._q("DELETE FROM edits WHERE doc_id=?"), (doc_id,))
+            self._db.execute(self._q("DELETE FROM proposals WHERE doc_id=?"), (doc_id,))
+            gone = self._db.execute(self._q("DELETE FROM documents WHERE doc_id=?"), (doc_id,)).rowcount > 0
+            self._touched(doc_id)
+            return bool(gone)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def exists(self, doc_id: str) -> bool:
+        with self._lock:
+            return self._db.execute(self._q("SELECT 1 FROM documents WHERE doc_id=?"), (doc_id,)).fetchone() is not None
+
+    def info(self, doc_id: str) -> DocRecord:
+        """A document's record (name, version, size, times); raises `DocumentNotFound`."""
+        with self._lock:
+            row = self._db.execute(
+                self._q("SELECT doc_id, name, v, chars, created, updated FROM documents WHERE doc_id=?"), (doc_id,)
+            ).fetchone()
+        if row is None:
+            raise DocumentNotFound(doc_id)
+        return _doc_record(row)
+
+    def list_docs(self) -> list[DocRecord]:
+        """Every document, most recently updated first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT doc_id, name, v, chars, created, updated FROM documents ORDER BY updated DESC, doc_id"
+            ).fetchall()
+        return [_doc_record(row) for row in rows]
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+
+    def edits(self, doc_id: str, since_v: int = 0) -> list[EditRecord]:
+        """The logged edits of a document with version > `since_v`, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                self._q("SELECT doc_id, v, ops, time, change FROM edits WHERE doc_id=? AND v>? ORDER BY seq"),
+                (doc_id, since_v),
+            ).fetchall()
+        return [
+            EditRecord(r[0], int(r[1]), json.loads(r[2]), float(r[3]), None if r[4] is None else json.loads(r[4]))
+            for r in rows
+        ]
+
+    def proposals(self, doc_id: str) -> list[ProposalRecord]:
+        """The pending proposals of a document, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                self._q(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE doc_id=? AND outcome IS NULL "
+                        f"ORDER BY {self._PROPOSAL_ORDER}"),
+                (doc_id,),
+            ).fetchall()  # fmt: skip
+        return [_proposal(r) for r in rows]
+
+    def proposal(self, gen: str) -> ProposalRecord | None:
+        """Generation `gen`'s proposal, pending or settled; None if it has none (or its document was deleted)."""
+        with self._lock:
+            row = self._db.execute(self._q(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE gen=?"), (gen,)).fetchone()
+        return None if row is None else _proposal(row)
+
+    # -- lifetime --------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Store(_SqlStore):
     """A document store in one SQLite file (`":memory:"` for a throwaway store)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -252,6 +394,9 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
 
+    def _writing(self, doc_id: str) -> AbstractContextManager[None]:
+        return self._transaction()
+
     def save(
         self,
         doc_id: str,
@@ -272,16 +417,7 @@ class Store:
         `change` (what it changed, any JSON value, stored beside its ops), `positions` (where the document's pending
         proposals lie after it) and `resolved` (gen -> outcome: proposals it settled, e.g. the one it accepted).
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict, not {type(state).__name__}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"version must be a non-negative int (got {v!r})")
-        blob = _encode("state", state)
-        ops_blob = None if ops is None else _encode("ops", ops)
-        change_blob = None if change is None else _encode("change", change)
-        if chars is None:
-            text = state.get("text")
-            chars = len(text) if isinstance(text, str) else 0
+        blob, ops_blob, change_blob, chars = _save_blobs(v, state, ops, change, chars)
         now = time.time()
         with self._lock, self._transaction():
             row = self._db.execute("SELECT v FROM documents WHERE doc_id=?", (doc_id,)).fetchone()
@@ -305,17 +441,6 @@ class Store:
                 )
             self._settle(doc_id, positions or {}, resolved or {}, now)
 
-    def _settle(self, doc_id: str, positions: Positions, resolved: Mapping[str, str], now: float) -> None:
-        self._db.executemany(
-            'UPDATE proposals SET start=?, "end"=?, stale=?, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL',
-            [(s, e, int(stale), now, gen, doc_id) for gen, (s, e, stale) in positions.items()],
-        )
-        # A settled proposal keeps its row (so a late request about it gets a precise answer) but not its body.
-        self._db.executemany(
-            "UPDATE proposals SET outcome=?, body=NULL, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL",
-            [(outcome, now, gen, doc_id) for gen, outcome in resolved.items()],
-        )
-
     def add_proposal(
         self, doc_id: str, gen: str, owner: str, body: Any, start: int, end: int, *, expire: Sequence[str] = ()
     ) -> None:
@@ -337,22 +462,6 @@ class Store:
                 raise DuplicateProposal(gen) from None
             self._settle(doc_id, {}, {g: "expired" for g in expire}, now)
 
-    def resolve_proposal(self, doc_id: str, gen: str, outcome: str) -> bool:
-        """Settle a pending proposal without an edit (rejected, or found stale). Returns whether it was pending."""
-        with self._lock, self._transaction():
-            cur = self._db.execute(
-                "UPDATE proposals SET outcome=?, body=NULL, updated=? WHERE gen=? AND doc_id=? AND outcome IS NULL",
-                (outcome, time.time(), gen, doc_id),
-            )
-            return cur.rowcount > 0
-
-    def delete(self, doc_id: str) -> bool:
-        """Remove a document, its edit log and its proposals. Returns whether it existed."""
-        with self._lock, self._transaction():
-            self._db.execute("DELETE FROM edits WHERE doc_id=?", (doc_id,))
-            self._db.execute("DELETE FROM proposals WHERE doc_id=?", (doc_id,))
-            return self._db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,)).rowcount > 0
-
     # -- reading ---------------------------------------------------------------------------------------------
 
     def load(self, doc_id: str) -> tuple[int, dict[str, Any]]:
@@ -362,70 +471,3 @@ class Store:
         if row is None:
             raise DocumentNotFound(doc_id)
         return int(row[0]), json.loads(row[1])
-
-    def exists(self, doc_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM documents WHERE doc_id=?", (doc_id,)).fetchone() is not None
-
-    def info(self, doc_id: str) -> DocRecord:
-        """A document's record (name, version, size, times); raises `DocumentNotFound`."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT doc_id, name, v, chars, created, updated FROM documents WHERE doc_id=?", (doc_id,)
-            ).fetchone()
-        if row is None:
-            raise DocumentNotFound(doc_id)
-        return DocRecord(*row)
-
-    def list_docs(self) -> list[DocRecord]:
-        """Every document, most recently updated first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT doc_id, name, v, chars, created, updated FROM documents ORDER BY updated DESC, doc_id"
-            ).fetchall()
-        return [DocRecord(*row) for row in rows]
-
-    def count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
-
-    def edits(self, doc_id: str, since_v: int = 0) -> list[EditRecord]:
-        """The logged edits of a document with version > `since_v`, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT doc_id, v, ops, time, change FROM edits WHERE doc_id=? AND v>? ORDER BY seq",
-                (doc_id, since_v),
-            ).fetchall()
-        return [
-            EditRecord(r[0], int(r[1]), json.loads(r[2]), float(r[3]), None if r[4] is None else json.loads(r[4]))
-            for r in rows
-        ]
-
-    def proposals(self, doc_id: str) -> list[ProposalRecord]:
-        """The pending proposals of a document, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE doc_id=? AND outcome IS NULL ORDER BY rowid",
-                (doc_id,),
-            ).fetchall()
-        return [_proposal(r) for r in rows]
-
-    def proposal(self, gen: str) -> ProposalRecord | None:
-        """Generation `gen`'s proposal, pending or settled; None if it has none (or its document was deleted)."""
-        with self._lock:
-            row = self._db.execute(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE gen=?", (gen,)).fetchone()
-        return None if row is None else _proposal(row)
-
-    # -- lifetime --------------------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

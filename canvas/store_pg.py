@@ -2,8 +2,9 @@
 
 Owns the PostgreSQL schema and one connection per process. The data and its methods are those of the SQLite
 `canvas.store.Store` (same records, same errors, same invariants: versions only grow, a save is all or nothing,
-durable once it returns); what this adds is what several processes serving the same documents need
-(`canvas.store.SharedStore`):
+durable once it returns), and the reads and the writes whose SQL is the same live in their shared base,
+`canvas.store._SqlStore`; this module writes what differs (schema, save, add_proposal, load). What it adds is
+what several processes serving the same documents need (`canvas.store.SharedStore`):
 
 - A per-document **stamp**, bumped by every write that touches the document (a save, a proposal added or settled).
   A process remembers the stamp of what it last read or wrote (`_seen`); `changed(doc_id)` says whether another
@@ -31,20 +32,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Any
 
 from canvas.store import (
     SCHEMA_VERSION,
-    DocRecord,
     DocumentNotFound,
     DuplicateProposal,
-    EditRecord,
     Positions,
-    ProposalRecord,
     StoreError,
     VersionRegression,
     _encode,
+    _save_blobs,
+    _SqlStore,
     describe,
 )
 
@@ -88,19 +87,12 @@ CREATE INDEX IF NOT EXISTS proposals_by_doc ON proposals (doc_id, outcome)
 """
 
 _SCHEMA_LOCK = 0x64636E76  # "dcnv": one process at a time creates the schema (CREATE IF NOT EXISTS races otherwise)
-_PROPOSAL_COLUMNS = 'gen, doc_id, owner, body, start, "end", stale, outcome'
-
-
-def _proposal(row: tuple[Any, ...]) -> ProposalRecord:
-    gen, doc_id, owner, body, start, end, stale, outcome = row
-    return ProposalRecord(gen, doc_id, owner, None if body is None else json.loads(body), start, end, bool(stale),
-                          outcome)  # fmt: skip
-
-
-class PgStore:
+class PgStore(_SqlStore):
     """A document store in a PostgreSQL database (`url`: a libpq URL, `postgresql://user@host:port/db`)."""
 
     shared = True  # several processes may serve the same documents (canvas.store.SharedStore)
+    _PARAM = "%s"
+    _PROPOSAL_ORDER = "seq"
 
     def __init__(self, url: str, *, connect_timeout: float = 10.0) -> None:
         try:
@@ -135,17 +127,20 @@ class PgStore:
     # -- writing ---------------------------------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, doc_id: str) -> Iterator[Any]:
+    def _writing(self, doc_id: str) -> Iterator[Any]:
         """One transaction (the caller holds `_lock`) whose commit notifies the other processes of `doc_id`."""
         with self._db.transaction():
             yield self._db
             self._db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance} {doc_id}"))
 
-    def _bump(self, doc_id: str) -> None:
+    def _touched(self, doc_id: str) -> None:
+        """Bump the document's stamp and remember it as this process's own write (forget a deleted document)."""
         row = self._db.execute(
             "UPDATE documents SET stamp = stamp + 1 WHERE doc_id=%s RETURNING stamp", (doc_id,)
         ).fetchone()
-        if row is not None:
+        if row is None:
+            self._seen.pop(doc_id, None)
+        else:
             self._seen[doc_id] = int(row[0])
 
     def save(
@@ -162,18 +157,9 @@ class PgStore:
         resolved: Mapping[str, str] | None = None,
     ) -> None:
         """As `canvas.store.Store.save`: state `v` of `doc_id` with the edit that made it, atomic and durable."""
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict, not {type(state).__name__}")
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"version must be a non-negative int (got {v!r})")
-        blob = _encode("state", state)
-        ops_blob = None if ops is None else _encode("ops", ops)
-        change_blob = None if change is None else _encode("change", change)
-        if chars is None:
-            text = state.get("text")
-            chars = len(text) if isinstance(text, str) else 0
+        blob, ops_blob, change_blob, chars = _save_blobs(v, state, ops, change, chars)
         now = time.time()
-        with self._lock, self._write(doc_id) as db:
+        with self._lock, self._writing(doc_id) as db:
             row = db.execute("SELECT v FROM documents WHERE doc_id=%s FOR UPDATE", (doc_id,)).fetchone()
             if row is None:
                 inserted = db.execute(
@@ -198,21 +184,7 @@ class PgStore:
                     (doc_id, v, ops_blob, now, change_blob),
                 )
             self._settle(doc_id, positions or {}, resolved or {}, now)
-            self._bump(doc_id)
-
-    def _settle(self, doc_id: str, positions: Positions, resolved: Mapping[str, str], now: float) -> None:
-        cur = self._db.cursor()
-        if positions:
-            cur.executemany(
-                'UPDATE proposals SET start=%s, "end"=%s, stale=%s, updated=%s '
-                "WHERE gen=%s AND doc_id=%s AND outcome IS NULL",
-                [(s, e, stale, now, gen, doc_id) for gen, (s, e, stale) in positions.items()],
-            )
-        if resolved:
-            cur.executemany(
-                "UPDATE proposals SET outcome=%s, body=NULL, updated=%s WHERE gen=%s AND doc_id=%s AND outcome IS NULL",
-                [(outcome, now, gen, doc_id) for gen, outcome in resolved.items()],
-            )
+            self._touched(doc_id)
 
     def add_proposal(
         self, doc_id: str, gen: str, owner: str, body: Any, start: int, end: int, *, expire: Sequence[str] = ()
@@ -220,7 +192,7 @@ class PgStore:
         """As `canvas.store.Store.add_proposal`. Raises `DocumentNotFound`."""
         blob = _encode("body", body)
         now = time.time()
-        with self._lock, self._write(doc_id) as db:
+        with self._lock, self._writing(doc_id) as db:
             if db.execute("SELECT 1 FROM documents WHERE doc_id=%s FOR UPDATE", (doc_id,)).fetchone() is None:
                 raise DocumentNotFound(doc_id)
             added = db.execute(
@@ -231,27 +203,7 @@ class PgStore:
             if added is None:
                 raise DuplicateProposal(gen)
             self._settle(doc_id, {}, {g: "expired" for g in expire}, now)
-            self._bump(doc_id)
-
-    def resolve_proposal(self, doc_id: str, gen: str, outcome: str) -> bool:
-        """As `canvas.store.Store.resolve_proposal`: whether it was pending."""
-        with self._lock, self._write(doc_id) as db:
-            cur = db.execute(
-                "UPDATE proposals SET outcome=%s, body=NULL, updated=%s WHERE gen=%s AND doc_id=%s AND outcome IS NULL",
-                (outcome, time.time(), gen, doc_id),
-            )
-            if cur.rowcount > 0:
-                self._bump(doc_id)
-            return cur.rowcount > 0
-
-    def delete(self, doc_id: str) -> bool:
-        """Remove a document, its edit log and its proposals. Returns whether it existed."""
-        with self._lock, self._write(doc_id) as db:
-            db.execute("DELETE FROM edits WHERE doc_id=%s", (doc_id,))
-            db.execute("DELETE FROM proposals WHERE doc_id=%s", (doc_id,))
-            gone = db.execute("DELETE FROM documents WHERE doc_id=%s", (doc_id,)).rowcount > 0
-            self._seen.pop(doc_id, None)
-            return gone
+            self._touched(doc_id)
 
     # -- reading ---------------------------------------------------------------------------------------------
 
@@ -263,56 +215,6 @@ class PgStore:
                 raise DocumentNotFound(doc_id)
             self._seen[doc_id] = int(row[2])
         return int(row[0]), json.loads(row[1])
-
-    def exists(self, doc_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM documents WHERE doc_id=%s", (doc_id,)).fetchone() is not None
-
-    def info(self, doc_id: str) -> DocRecord:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT doc_id, name, v, chars, created, updated FROM documents WHERE doc_id=%s", (doc_id,)
-            ).fetchone()
-        if row is None:
-            raise DocumentNotFound(doc_id)
-        return DocRecord(row[0], row[1], int(row[2]), int(row[3]), float(row[4]), float(row[5]))
-
-    def list_docs(self) -> list[DocRecord]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT doc_id, name, v, chars, created, updated FROM documents ORDER BY updated DESC, doc_id"
-            ).fetchall()
-        return [DocRecord(r[0], r[1], int(r[2]), int(r[3]), float(r[4]), float(r[5])) for r in rows]
-
-    def count(self) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT COUNT(*) FROM documents").fetchone()
-        assert row is not None
-        return int(row[0])
-
-    def edits(self, doc_id: str, since_v: int = 0) -> list[EditRecord]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT doc_id, v, ops, time, change FROM edits WHERE doc_id=%s AND v>%s ORDER BY seq",
-                (doc_id, since_v),
-            ).fetchall()
-        return [
-            EditRecord(r[0], int(r[1]), json.loads(r[2]), float(r[3]), None if r[4] is None else json.loads(r[4]))
-            for r in rows
-        ]
-
-    def proposals(self, doc_id: str) -> list[ProposalRecord]:
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE doc_id=%s AND outcome IS NULL ORDER BY seq",
-                (doc_id,),
-            ).fetchall()
-        return [_proposal(r) for r in rows]
-
-    def proposal(self, gen: str) -> ProposalRecord | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE gen=%s", (gen,)).fetchone()
-        return None if row is None else _proposal(row)
 
     # -- several processes -----------------------------------------------------------------------------------
 
@@ -343,16 +245,7 @@ class PgStore:
     def close(self) -> None:
         if self._listener is not None:
             self._listener.stop()
-        with self._lock:
-            self._db.close()
-
-    def __enter__(self) -> PgStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        super().close()
 
 
 class _Listener(threading.Thread):
