@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +144,21 @@ def two(backend: Backend, tmp_path: Path, pg_url: str) -> Iterator[tuple[Factory
         s.close()
 
 
-def test_two_servers_serve_one_document(two: tuple[Factory, str]) -> None:
-    make, url = two
+@contextmanager
+def _a_client_on_each(make: Factory) -> Iterator[tuple[Conn, Conn, dict[str, Any]]]:
+    """Two servers, a greeted client on each, and a document opened through the first: (its client, the other's,
+    the document's state)."""
     a, b = make(), make()
     with a.websocket_connect("/ws") as wa, b.websocket_connect("/ws") as wb:
         ca, cb = Conn(wa), Conn(wb)
         ca.hello()
         cb.hello()
-        s0 = _open(ca)
+        yield ca, cb, _open(ca)
+
+
+def test_two_servers_serve_one_document(two: tuple[Factory, str]) -> None:
+    make, url = two
+    with _a_client_on_each(make) as (ca, cb, s0):
         doc = s0["doc_id"]
         sb = cb.rpc({"type": "doc.open", "doc_id": doc})
         assert (sb["text"], sb["v"]) == (s0["text"], s0["v"])
@@ -231,13 +239,7 @@ def test_concurrent_edits_through_two_servers_are_serialised(two: tuple[Factory,
 
 
 def test_a_generation_moves_over_an_edit_made_through_the_other_server(two: tuple[Factory, str]) -> None:
-    make, _ = two
-    a, b = make(), make()
-    with a.websocket_connect("/ws") as wa, b.websocket_connect("/ws") as wb:
-        ca, cb = Conn(wa), Conn(wb)
-        ca.hello()
-        cb.hello()
-        s0 = _open(ca)
+    with _a_client_on_each(two[0]) as (ca, cb, s0):
         doc, tail = s0["doc_id"], TEXT.index("warm")
         s1 = _edit(ca, s0, {"op": "mask", "start": tail, "end": tail + 4})
         sb = cb.rpc({"type": "doc.open", "doc_id": doc})
