@@ -21,7 +21,8 @@ Invariants:
 
 `DocStore` is the interface the server uses; `canvas.store_pg.PgStore` implements it in PostgreSQL, and with it
 `SharedStore` (cross-process locks, change stamps, notifications) for several server processes serving the same
-documents; the two share their reads and common writes through `_SqlStore`. `open_store` picks one from a path or a `postgresql://` URL. A SQLite file is served by one process.
+documents; the two share their reads and common writes through `_SqlStore`. `open_store` picks one from a path
+or a `postgresql://` URL. A SQLite file is served by one process.
 """
 
 from __future__ import annotations
