@@ -140,7 +140,7 @@ def resolve_model(explicit: str | Path | None = None, *, cache: Path | None = No
     if not inputs_installed():
         return _embedded(f"{why}, and the model extra is not installed", say)
     hf_cached = (cache / "gemma3" / "hf" / "model.safetensors").is_file()
-    note = f"dcanvas: building the default model {name} ({why}): {BUILD_TIME[hf_cached]}, once; into {out}"
+    note = f"dcanvas: building the default model into {out} ({why}): {BUILD_TIME[hf_cached]}, once"
     say(note)
     try:
         built = build_default(cache)

@@ -184,7 +184,7 @@ def test_the_server_names_the_model_it_serves(rule: Rule, capsys: pytest.Capture
 
 def test_generate_json_names_the_model_it_serves(rule: Rule, capsys: pytest.CaptureFixture[str]) -> None:
     _build_into(rule.cache)
-    assert main(["generate", "--prompt", "The cat sat", "--max-new-tokens", "4", "--json"]) == 0
+    assert main(["generate", "--prompt", "The cat sat", "--max-new-tokens", "4", "--max-steps", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "tiny-random"
 
 
@@ -204,3 +204,21 @@ def test_tui_resolves_before_the_ui_and_shows_the_fallback(rule: Rule, monkeypat
     (app,) = started
     assert app.embedded is not None and app.embedded.model_dir == str(EMBEDDED)
     assert any("canvas-6m" in p and "dcanvas model build" in p for p in app.start_problems)
+
+
+def test_eval_loads_the_model_the_rule_chooses(rule: Rule, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import canvas.server.backend
+
+    loaded: list[Path] = []
+
+    def load_backend(model_dir: str | Path, **kwargs: object) -> None:
+        loaded.append(Path(model_dir))
+        raise FileNotFoundError("stopped here: the test needs only the choice")
+
+    monkeypatch.setattr(canvas.server.backend, "load_backend", load_backend)
+    data = tmp_path / "valid.jsonl"
+    data.write_text(json.dumps({"id": "a", "text": "The cat sat on the mat."}) + "\n")
+    out = _build_into(rule.cache)
+    assert main(["eval", "--data", str(data), "--preset", "tiny"]) == 2
+    assert loaded == [out] and "stopped here" in capsys.readouterr().err
