@@ -10,8 +10,9 @@ Kinds: news and fiction (original texts written for this probe, in the style of 
 fiction), technical prose (package READMEs shipped in wheels: starlette, httpx, uvicorn, textual, rich), code
 (CPython's textwrap.py and shlex.py, npm's JavaScript) and dialogue (chatterbot-corpus's English conversations).
 None of it is in the corpus (the Bible, Austen, the Python documentation's reST, fortunes). Each record says its
-source and licence. `python -m canvas.convert.probes SRC_DIR` rebuilds the file from those sources (how exactly is
-in `build`); the committed file is what every measurement reads, so figures stay comparable across sessions.
+source and licence. `python -m canvas.convert.probes build SRC_DIR` rebuilds the file from those sources (how
+exactly is in `build`); `... sweep` prints tokens per character for several trimmed sizes. The committed file is
+what every measurement reads, so figures stay comparable across sessions.
 """
 
 from __future__ import annotations
@@ -91,6 +92,41 @@ def nll_per_char(logits_fn: Any, tok: Any, texts: Sequence[str], max_chars: int 
     return nll / chars
 
 
+@dataclass(frozen=True, slots=True)
+class KindReport:
+    kind: str
+    texts: int
+    chars: int
+    tokens_ratio: float  # tokens the model's tokenizer needs / tokens Gemma 3's full one needs
+    nll_original: float  # nats per character, Gemma 3 (fp32, its own tokenizer)
+    nll_model: float  # nats per character, our encoder (its own tokenizer)
+
+    @property
+    def nll_ratio(self) -> float:
+        return self.nll_model / self.nll_original
+
+
+# The bounds a regression must not cross (issue 28): a trimmed vocabulary within 3% of the full one's tokens, and
+# the converted, trimmed encoder within 5% of the original's NLL per character, on every kind.
+MAX_TOKENS_RATIO = 1.03
+MAX_NLL_RATIO = 1.05
+
+
+@torch.no_grad()
+def probe_report(original: Any, original_tok: Any, model: Any, model_tok: Any,
+                 probes: Sequence[Probe] | None = None, max_chars: int = 1600) -> list[KindReport]:
+    """Per kind: our tokenizer's tokens against the original's, and NLL per character of both models.
+
+    `original` is a transformers causal LM (`.logits`), `model` a `DiffusionModel` (its encoder's AR logits)."""
+    out = []
+    for kind, texts in by_kind(load_probes() if probes is None else probes).items():
+        nll_o = nll_per_char(lambda ids: original(input_ids=ids).logits, original_tok, texts, max_chars)
+        nll_m = nll_per_char(lambda ids: model.encode(ids)[0], model_tok, texts, max_chars)
+        out.append(KindReport(kind, len(texts), sum(map(len, texts)),
+                              tokens_per_char_ratio(model_tok, original_tok, texts), nll_o, nll_m))
+    return out
+
+
 # ---- building the committed file ----------------------------------------------------------------------------------
 def chunks(text: str, size: int = 1500, limit: int | None = None) -> list[str]:
     """`text` cut into runs of whole paragraphs (blank-line separated) of about `size` characters; at most
@@ -159,12 +195,45 @@ def build(src: Path, per_kind: int = 24_000) -> list[dict[str, str]]:
     return recs
 
 
+def sweep(sizes: Sequence[int], tokenizer_json: Path, ranking: Path | None = None,
+          probes: Sequence[Probe] | None = None) -> dict[int, dict[str, float]]:
+    """Tokens per character against the full tokenizer, per kind, for each trimmed size (the build's selection)."""
+    from tokenizers import Tokenizer
+
+    from canvas.convert.vocab import FIM_SOURCES, RANKING, load_ranking, trim_vocab
+
+    tj = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    full = Tokenizer.from_str(json.dumps(tj))
+    kinds = by_kind(load_probes() if probes is None else probes)
+    ranked = load_ranking(ranking or RANKING)
+    out = {}
+    for size in sizes:
+        tok = trim_vocab(tj, ranked, size, sentinels=FIM_SOURCES).tokenizer()
+        out[size] = {k: tokens_per_char_ratio(tok, full, texts) for k, texts in kinds.items()}
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m canvas.convert.probes", description="Rebuild probes.jsonl.")
-    p.add_argument("src", type=Path, help="news.txt, fiction.txt, site-packages/, python/, npm/, chatterbot/")
-    p.add_argument("--out", type=Path, default=PROBES)
-    p.add_argument("--per-kind", type=int, default=24_000, help="characters of each kind (about)")
+    p = argparse.ArgumentParser(prog="python -m canvas.convert.probes",
+                                description="Rebuild probes.jsonl, or sweep trimmed sizes over it.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="rebuild probes.jsonl from its sources")
+    b.add_argument("src", type=Path, help="news.txt, fiction.txt, site-packages/, python/, npm/, chatterbot/")
+    b.add_argument("--out", type=Path, default=PROBES)
+    b.add_argument("--per-kind", type=int, default=24_000, help="characters of each kind (about)")
+    w = sub.add_parser("sweep", help="tokens per character against the full vocabulary, per kind and size")
+    w.add_argument("--sizes", default="32768,49152,57344,65536,98304")
+    w.add_argument("--tokenizer", type=Path, default=Path.home() / ".cache/dcanvas/gemma3/hf/tokenizer.json")
+    w.add_argument("--ranking", type=Path, default=None, help="default: the committed ranking")
     args = p.parse_args(argv)
+    if args.cmd == "sweep":
+        table = sweep([int(x) for x in args.sizes.split(",")], args.tokenizer, args.ranking)
+        kinds = list(next(iter(table.values())))
+        print(f"{'size':>7} " + " ".join(f"{k:>10}" for k in kinds) + f" {'worst':>8}")
+        for size, row in table.items():
+            print(f"{size:>7} " + " ".join(f"{v:>9.3f}x" for v in row.values()) + f" {max(row.values()):>7.3f}x")
+        print(json.dumps({str(k): v for k, v in table.items()}))
+        return 0
     recs = build(args.src, args.per_kind)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
     sizes = {k: sum(len(r["text"]) for r in recs if r["kind"] == k) for k in KINDS}
