@@ -55,7 +55,9 @@ _END_OF_TEXT = "<|endoftext|>"
 # never under `_REWRITE_MIN` (an empty or one-word selection); the fill may be shorter (nulls), never longer.
 _REWRITE_GROWTH = 2
 _REWRITE_MIN = 16
-_CHARS_PER_SLOT = 64  # a selection longer than this many characters a gap slot is too long without tokenizing it
+# A selection of more characters than this per gap slot is too long for a gap whatever its tokens: only that much of
+# it is tokenized (a selection can be a whole file).
+_CHARS_PER_SLOT = 64
 
 
 class _Wire(BaseModel):

@@ -21,7 +21,7 @@ from canvas.server.llama_instruct import Edit, edit_prompt, find_edit
 from canvas.server.textgen import max_gap
 
 pytestmark = pytest.mark.timeout(120)
-SLOW = {"max_steps": 1024, "entropy_bound": 1e-9}  # a random model never settles: 1024 steps a canvas
+SLOW: dict[str, Any] = {"max_steps": 1024, "entropy_bound": 1e-9}  # a random model never settles: 1024 steps a canvas
 
 
 def vim_system(prefix: list[str], selection: list[str], suffix: list[str], extra: str = "") -> str:

@@ -39,6 +39,9 @@ RING_WARM_UP = {
     "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 1,
     "t_max_predict_ms": 1, "response_fields": [""], "model": "",
 }  # fmt: skip
+FIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+              "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+              "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
 # llama#fim with the cursor after "    y = " on line 5 (s:fim_ctx_local; the first request of a position: 250 ms).
 FIM = {
     "id_slot": 0, "input_prefix": "import math\n\n\ndef area(r):\n",
@@ -46,10 +49,7 @@ FIM = {
     "n_predict": 128, "stop": [], "n_indent": 4, "top_k": 40,
     "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
     "t_max_prompt_ms": 500, "t_max_predict_ms": 250,
-    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-                        "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-                        "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
-                        "tokens_cached"],
+    "response_fields": FIM_FIELDS,
     "model": "",
 }  # fmt: skip
 
@@ -104,7 +104,7 @@ def test_fim_as_llama_vim_sends_it(server: Server) -> None:
     # s:fim_on_response: the raw reply must start with "{" and hold "content":" before it is decoded.
     assert r.text.lstrip().startswith("{") and '"content":"' in r.text
     body = r.json()
-    assert set(body) == set(FIM["response_fields"])  # type: ignore[arg-type]
+    assert set(body) == set(FIM_FIELDS)
     assert isinstance(body["content"], str) and body["content"] and body["timings/predicted_n"] > 0
 
 
