@@ -89,10 +89,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
-    """As llama.vim's curl sends it: compact JSON, a JSON content type and the bearer key."""
+    """As llama.vim's curl sends it: compact JSON, a JSON content type and the bearer key. A 429 is tried again once
+    after its Retry-After: the previous request's generation, ended early (a cut, a time limit), may still hold its
+    engine row for a step after its reply, and on a loaded machine admission may allow no wait at all (llama.vim
+    itself does not retry; that race is admission's, not these routes')."""
     data = json.dumps(body, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
-    return httpx.post(f"{server.url}{path}", content=data, headers=headers, timeout=120)
+    r = httpx.post(f"{server.url}{path}", content=data, headers=headers, timeout=120)
+    if r.status_code == 429:
+        time.sleep(float(r.headers.get("retry-after", "1")))
+        r = httpx.post(f"{server.url}{path}", content=data, headers=headers, timeout=120)
+    return r
 
 
 def test_fim_as_llama_vim_sends_it(server: Server) -> None:
