@@ -12,14 +12,13 @@ and the slot and cache hints; a field that could not be ignored without changing
 at the first later line indented less), `t_max_predict_ms` (after that long, the first draft holding a newline is
 taken as the result), `stop`, `seed`, `temperature`, `stream` and `response_fields` (paths such as
 `timings/prompt_n` become top-level keys, as llama.vim reads them). Responses are compact JSON: llama.vim matches
-`"content":"` literally.
-The field table is docs/openai-llama.md.
+`"content":"` literally. The budget, seed, time limit and refused fields are shared with the OpenAI routes
+(`canvas.server.llama_fields`). The field table is docs/openai-llama.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,8 +27,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from canvas.server.http_api import ClientGone, HttpApi, Refusal, sse
-from canvas.server.textgen import CutRule, Plan, TextTask, max_gap, plan, sampler_config
-from canvas.server.textrun import Delta, Draft, Event, Finish, GenerationFailed, TextRun
+from canvas.server.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
+from canvas.server.textgen import CutRule, Plan, TextTask, plan, sampler_config
+from canvas.server.textrun import Delta, Draft, Event, Finish, GenerationFailed
 
 
 class ExtraChunk(BaseModel):
@@ -64,18 +64,6 @@ class InfillRequest(BaseModel):
     multimodal_data: Any = None
 
 
-_REFUSED = {
-    "grammar": "there is no grammar-constrained sampling",
-    "json_schema": "there is no schema-constrained sampling",
-    "n_probs": "the sampler commits a canvas at once, with no per-token probabilities in order",
-    "logit_bias": "the sampler takes no logit bias",
-    "lora": "there are no LoRA adapters",
-    "n_cmpl": "one completion per request",
-    "ignore_eos": "the end of the text is the model's to choose",
-    "multimodal_data": "text is the only modality",
-}
-
-
 def _error(e: Refusal) -> Response:
     kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "unavailable_error",
             500: "server_error"}.get(e.status, "invalid_request_error")
@@ -107,9 +95,8 @@ def _parse(data: dict[str, Any]) -> InfillRequest:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise Refusal(400, f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
-    for name, reason in _REFUSED.items():
-        value = getattr(req, name)
-        if value not in (None, False, "", {}, [], 0) and not (name == "n_cmpl" and value == 1):
+    for name, reason in REFUSED.items():
+        if refused_value(name, getattr(req, name)):
             raise Refusal(400, f"`{name}` is not supported by this server: {reason}")
     return req
 
@@ -118,19 +105,14 @@ def _task(api: HttpApi, req: InfillRequest) -> TextTask:
     extra = "".join(c.text if c.text.endswith("\n") or not c.text else c.text + "\n" for c in req.input_extra)
     before = extra + req.input_prefix + req.prompt
     api.check_text(before, req.input_suffix)
-    L = api.backend.canvas_length
-    infill = bool(req.input_suffix)
-    ceiling = max_gap(L) if infill else api.limits.max_canvases * L
     asked = req.n_predict if req.n_predict is not None else req.max_tokens
-    if asked is None or asked < 0:  # "no limit": the largest gap, or one canvas of continuation
-        budget = max_gap(L) if infill else L
-    else:
-        budget = min(asked, ceiling)  # a budget, clamped as llama.cpp clamps it to its context
+    budget = llama_budget(-1 if asked is None else asked, infill=bool(req.input_suffix),
+                          canvas_length=api.backend.canvas_length, max_canvases=api.limits.max_canvases)
     try:
         config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
-    seed = None if req.seed is None or req.seed < 0 else req.seed
+    seed = llama_seed(req.seed)
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
     cut = indent_rule(req.n_indent) if req.n_indent > 0 else None
     return TextTask(before, req.input_suffix or None, budget, config, seed, 1, tuple(s for s in stops if s), cut)
@@ -185,24 +167,6 @@ def project(result: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-class _Deadline:
-    """`t_max_predict_ms`: once it has passed since the first draft, the first draft that holds a newline ends the
-    generation (llama.cpp stops there only after a new line too)."""
-
-    def __init__(self, run: TextRun, limit_ms: int) -> None:
-        self.run, self.limit_s = run, limit_ms / 1000
-        self.first: float | None = None
-
-    def __call__(self, ev: Event) -> None:
-        if not isinstance(ev, Draft) or self.limit_s <= 0:
-            return
-        now = time.monotonic()
-        if self.first is None:
-            self.first = now
-        elif now - self.first >= self.limit_s and "\n" in ev.text:
-            self.run.settle(ev.index)
-
-
 def infill_routes(api: HttpApi) -> list[BaseRoute]:
     async def infill(request: Request) -> Response:
         try:
@@ -218,7 +182,7 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
             run = await api.start(the_plan, task, api.owner(request))
         except Refusal as e:
             return _error(e)
-        deadline = _Deadline(run, req.t_max_predict_ms)
+        deadline = Deadline(run, req.t_max_predict_ms)
         if not req.stream:
             try:
                 (done,) = await api.collect(request, run, deadline)

@@ -11,6 +11,12 @@ Streaming sends `data: {...}` chunks and `data: [DONE]`. Diffusion has no token 
 text that has become final (a committed canvas); between commits, chunks with empty text carry the extension field
 `dcanvas: {draft, step, max_steps, canvas}` on the choice (turn it off with `"dcanvas": {"draft": false}`).
 The request's own extension object `dcanvas` also takes `max_steps` and `entropy_bound`.
+
+llama.cpp's server takes its own fields on these routes, and its clients send them: they are honoured, ignored by
+name or refused as `canvas.server.llama_fields` says (an unknown name is still refused). A chat request in
+llama.vim's instruction shape (`canvas.server.llama_instruct`) is a rewrite: its answer is the new selection, filled
+between the text before and after it, with the instruction before that text; when the selection is too long for one
+canvas's gap, or nothing follows it, the text before it is continued instead.
 """
 
 from __future__ import annotations
@@ -26,7 +32,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from canvas.server.http_api import ClientGone, HttpApi, Refusal, sse
-from canvas.server.textgen import TextTask, plan, sampler_config
+from canvas.server.llama_fields import (
+    REFUSED,
+    Deadline,
+    LlamaFields,
+    llama_budget,
+    llama_seed,
+    refused_value,
+    without_ignored,
+)
+from canvas.server.llama_infill import indent_rule
+from canvas.server.llama_instruct import Edit, edit_prompt, find_edit
+from canvas.server.textgen import TextTask, max_gap, plan, sampler_config
 from canvas.server.textrun import Delta, Draft, Event, Finish, GenerationFailed
 
 _DONE = "data: [DONE]\n\n"
@@ -34,6 +51,13 @@ _CHAT_ROLES = {"system": "System", "developer": "System", "user": "User", "assis
 # A new turn ends where the transcript would go on with someone else's line.
 _CHAT_STOPS = ("\nUser:", "\nSystem:")
 _END_OF_TEXT = "<|endoftext|>"
+# A rewrite's budget when the request sets none: room for the selection to double (an edit rarely grows more),
+# never under `_REWRITE_MIN` (an empty or one-word selection); the fill may be shorter (nulls), never longer.
+_REWRITE_GROWTH = 2
+_REWRITE_MIN = 16
+# A selection of more characters than this per gap slot is too long for a gap whatever its tokens: only that much of
+# it is tokenized (a selection can be a whole file).
+_CHARS_PER_SLOT = 64
 
 
 class _Wire(BaseModel):
@@ -53,16 +77,17 @@ class StreamOptions(_Wire):
     include_obfuscation: bool | None = None  # ignored: nothing here to pad
 
 
-class _Common(_Wire):
+class _Common(_Wire, LlamaFields):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     model: str | None = None  # ignored: one model is served; responses name it
     temperature: float | None = Field(default=None, ge=0, le=2)
-    seed: int | None = None
+    seed: int | None = None  # negative (llama.cpp's -1): a random seed
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     dcanvas: Extension | None = None
-    # Ignored: sampling hints the entropy-bound sampler has no counterpart for.
+    # Ignored: sampling hints the entropy-bound sampler has no counterpart for (`top_p` is llama.cpp's too).
     top_p: float | None = Field(default=None, ge=0, le=1)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -131,7 +156,7 @@ def _error(e: Refusal) -> Response:
 
 def _parse(model: type[_Common], data: dict[str, Any]) -> Any:
     try:
-        return model.model_validate(data)
+        return model.model_validate(without_ignored(data))
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -166,6 +191,10 @@ def _refuse(req: _Common) -> None:
         if not neutral:
             raise Refusal(400, f"`{name}` is not supported by this server: {reason}", param=name,
                           code="unsupported_parameter")
+    for name, reason in REFUSED.items():  # llama.cpp's
+        if name not in why and refused_value(name, getattr(req, name)):
+            raise Refusal(400, f"`{name}` is not supported by this server: {reason}", param=name,
+                          code="unsupported_parameter")
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -192,7 +221,32 @@ def _task(api: HttpApi, req: _Common, prompt: str, suffix: str | None, max_token
                                 entropy_bound=ext.entropy_bound)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
-    return TextTask(prompt, suffix, max_tokens, config, req.seed, req.n, _stops(req.stop) + extra_stops)
+    cut = indent_rule(req.n_indent) if req.n_indent > 0 else None
+    return TextTask(prompt, suffix, max_tokens, config, llama_seed(req.seed), req.n, _stops(req.stop) + extra_stops,
+                    cut)
+
+
+def _edit_task(api: HttpApi, req: ChatRequest, edit: Edit) -> TextTask:
+    """llama.vim's edit as a rewrite: the gap between the text before and after the selection, when the selection
+    fits one gap and text follows it; else the text before it continued, up to the first line after it."""
+    L, tok = api.backend.canvas_length, api.backend.tokenizer
+    longest = max_gap(L)
+    clipped = edit.selection[: _CHARS_PER_SLOT * longest]  # enough to tell "too long" without tokenizing it all
+    selection = len(tok.encode(clipped).ids) if clipped else 0
+    infill = bool(edit.after) and selection <= longest and len(clipped) == len(edit.selection)
+    asked = req.n_predict if req.n_predict is not None else _chat_budget(req)
+    ceiling = longest if infill else L * api.limits.max_canvases
+    budget = min(max(_REWRITE_GROWTH * selection, _REWRITE_MIN) if asked is None or asked < 0 else asked, ceiling)
+    prompt = edit_prompt(edit)
+    if infill:
+        return _task(api, req, prompt, edit.after, budget)
+    first_line = next((line for line in edit.after.split("\n") if line.strip()), None)
+    ends = ("\n" + first_line,) if first_line is not None and len(_stops(req.stop)) < 4 else ()
+    return _task(api, req, prompt, None, budget, extra_stops=ends)
+
+
+def _chat_budget(req: ChatRequest) -> int | None:
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
 
 
 def _finish_reason(f: Finish) -> str:
@@ -233,28 +287,41 @@ def openai_routes(api: HttpApi) -> list[BaseRoute]:
             if isinstance(req.prompt, list) and len(req.prompt) != 1:
                 raise Refusal(400, "prompt: one prompt per request (send a string)", param="prompt")
             prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            max_tokens = 16 if req.max_tokens is None else req.max_tokens
             # Some FIM clients send an end-of-text marker as the suffix when nothing follows the cursor.
             suffix = None if req.suffix in (None, "", _END_OF_TEXT) else req.suffix
+            if req.n_predict is not None:
+                max_tokens = llama_budget(req.n_predict, infill=bool(suffix), canvas_length=api.backend.canvas_length,
+                                          max_canvases=api.limits.max_canvases)
+            else:
+                max_tokens = 16 if req.max_tokens is None else req.max_tokens
             task = _task(api, req, prompt, suffix, max_tokens)
         except Refusal as e:
             return _error(e)
-        return await _serve(api, request, req, task, chat=False)
+        return await _serve(api, request, req, task, chat=False, fresh_turn=False)
 
     async def chat(request: Request) -> Response:
         try:
             req: ChatRequest = _parse(ChatRequest, await api.read_json(request))
             _refuse(req)
+            edit = find_edit([(m.role, m.text) for m in req.messages])
+            if edit is not None:  # tokenizing the selection is work: off the event loop
+                task = await asyncio.to_thread(_edit_task, api, req, edit)
+                return await _serve(api, request, req, task, chat=True, fresh_turn=False)
             last = req.messages[-1]
             lines = [f"{_CHAT_ROLES[m.role]}: {m.text}" for m in req.messages]
             # A last assistant message is a reply to continue; otherwise the assistant's turn starts.
             prompt = "\n".join(lines) if last.role == "assistant" else "\n".join([*lines, "Assistant:"])
-            budget = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-            max_tokens = budget if budget is not None else api.backend.canvas_length
+            L = api.backend.canvas_length
+            if req.n_predict is not None:
+                max_tokens = llama_budget(req.n_predict, infill=False, canvas_length=L,
+                                          max_canvases=api.limits.max_canvases)
+            else:
+                budget = _chat_budget(req)
+                max_tokens = budget if budget is not None else L
             task = _task(api, req, prompt, None, max_tokens, extra_stops=_CHAT_STOPS)
         except Refusal as e:
             return _error(e)
-        return await _serve(api, request, req, task, chat=True)
+        return await _serve(api, request, req, task, chat=True, fresh_turn=last.role != "assistant")
 
     return [
         Route("/v1/models", models, methods=["GET"]),
@@ -264,8 +331,10 @@ def openai_routes(api: HttpApi) -> list[BaseRoute]:
     ]
 
 
-async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *, chat: bool) -> Response:
-    """Run `task` and answer in the completions or the chat shape, streaming or not."""
+async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *, chat: bool,
+                 fresh_turn: bool) -> Response:
+    """Run `task` and answer in the completions or the chat shape, streaming or not. `fresh_turn`: the text starts a
+    new chat turn (the space the model writes after "Assistant:" is dropped)."""
     try:  # tokenizing a long prompt is work: off the event loop
         the_plan = await asyncio.to_thread(plan, api.backend, task, max_context=api.limits.max_context_tokens)
     except ValueError as e:
@@ -273,7 +342,6 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
     rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     created, name = int(time.time()), api.backend.name
     kind = "chat.completion" if chat else "text_completion"
-    fresh_turn = isinstance(req, ChatRequest) and req.messages[-1].role != "assistant"
     if task.max_tokens == 0:  # the prompt only, as OpenAI answers it
         empty = [Finish(i, "length", "", 0, None, 0, 0.0, 0.0) for i in range(task.n)]
         return JSONResponse(_final(rid, created, name, kind, empty, the_plan.prompt_tokens, fresh_turn))
@@ -281,9 +349,10 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         run = await api.start(the_plan, task, api.owner(request))
     except Refusal as e:
         return _error(e)
+    deadline = Deadline(run, req.t_max_predict_ms)
     if not req.stream:
         try:
-            done = await api.collect(request, run)
+            done = await api.collect(request, run, deadline)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         except GenerationFailed as e:
@@ -308,6 +377,7 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         return sse({"id": rid, "object": chunk_kind, "created": created, "model": name, "choices": [choice]})
 
     def render(ev: Event) -> list[str]:
+        deadline(ev)
         if isinstance(ev, Delta):
             text = ev.text
             if not started[ev.index]:
