@@ -28,7 +28,9 @@ def _union_tags(union: str) -> set[str]:
 
 
 def _enum(definition: str, prop: str) -> set[str]:
-    return set(DEFS[definition]["properties"][prop]["enum"])
+    """The values a property may take; an optional one (`anyOf` with null) gives its non-null values."""
+    spec = DEFS[definition]["properties"][prop]
+    return {v for option in spec.get("anyOf", [spec]) for v in option.get("enum", [])}
 
 
 def _table(name: str) -> dict[str, Any]:
