@@ -171,7 +171,9 @@ def headline(results: Sequence[dict[str, Any]], variants: dict[str, str]) -> lis
     keys = ("task", "variant", "fill_ratio", "seam_ratio", "repeat_4gram", "repeat_4gram_human", "null_share",
             "seconds_per_canvas", "degenerate")  # fmt: skip
     kind = {True: "continuation", False: "infill"}
-    return [{k: p[k] for k in keys} for p in results if p["variant"] == variants[kind[p["task"] == CONTINUATION]]]
+    tasks = list(dict.fromkeys(p["task"] for p in results))  # in the order the eval ran them
+    rows = [p for p in results if p["variant"] == variants[kind[p["task"] == CONTINUATION]]]
+    return [{k: p[k] for k in keys} for p in sorted(rows, key=lambda p: tasks.index(p["task"]))]
 
 
 def _met(value: float, low: float | None, high: float | None) -> bool:
