@@ -7,9 +7,10 @@ the speed bounds (`eval_metrics.speed_bound` on every task of the kind); the bes
 Quality is a loss, the mean over the kind's tasks of |ln fill ratio| + max(0, ln seam ratio): a fill is as far from
 human-like above as below (the degenerate low side is already out), and a seam only counts against a fill when it
 is harder to read than after the human text. When no variant is within the speed bounds (a slower machine than the
-bounds assume), the best quality among all non-degenerate ones is chosen and the choice says so; when every variant
-is degenerate, the kind keeps the model's current default. The AR settings written are the infill choice's when it
-is AR (they matter most there: the suffix scoring), else the continuation's.
+bounds assume), the best quality among all non-degenerate ones is chosen and the choice says so. A kind keeps the
+model's current default when every variant is degenerate or only one mode was run (nothing was compared). The AR
+settings written are the infill choice's when it is AR (they matter most there: the suffix scoring), else the
+continuation's.
 """
 
 from __future__ import annotations
@@ -95,7 +96,12 @@ def write_defaults(model_dir: Path, choice: dict[str, Any], sweep: dict[str, Any
     Returns what was written."""
     current = load_mode_defaults(model_dir)
     kinds: tuple[Kind, ...] = ("infill", "continuation")
-    written: dict[str, Any] = {MODE_KEYS[k]: (choice[k] or {}).get("mode") or getattr(current, k) for k in kinds}
+    written: dict[str, Any] = {}
+    for k in kinds:
+        compared = {c["mode"] for c in choice["candidates"] if c["kind"] == k}
+        # A run of one mode (a diffusion-only sweep, say) measured no choice of mode: the stored one stays.
+        measured = choice[k] is not None and len(compared) > 1
+        written[MODE_KEYS[k]] = choice[k]["mode"] if measured else getattr(current, k)
     ar = next((choice[k] for k in kinds if choice[k] is not None and choice[k]["mode"] == "ar"), None)
     if ar is not None:
         written |= {s: ar[s] for s in AR_SETTINGS if ar.get(s) is not None}

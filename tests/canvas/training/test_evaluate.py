@@ -317,13 +317,17 @@ def test_write_defaults_stores_the_chosen_modes_and_keeps_the_rest(tmp_path: Pat
     raw = json.loads((tmp_path / EXTRA_FILE).read_text())
     assert raw == {"gap_min_fill": 0.25, "ar_temperature": 0.7, **written}
     assert load_mode_defaults(tmp_path) == ModeDefaults("ar", "ar")
-    # A kind with no choice (every variant degenerate) keeps what the model had; diffusion needs no AR settings.
-    only = [r for r in _scripted() if r["variant"] == "diffusion" and r["task"] == CONTINUATION]
-    only += [r for r in _scripted() if r["variant"] == "ar" and r["task"] == "infill-64"]
-    assert write_defaults(tmp_path, choose_defaults(only)) == {"default_mode_infill": "ar",
-                                                               "default_mode_continuation": "diffusion"}
+    # A kind whose every variant is degenerate keeps what the model had; diffusion needs no AR settings.
+    mixed = [_row("infill-64", 0.5, 1.0, 1.0, "diffusion", rep=0.3), _row("infill-64", 0.59, 3.7, 3.0, "ar", rep=0.1),
+             _row(CONTINUATION, 1.0, math.nan, 2.0, "diffusion"), _row(CONTINUATION, 1.4, math.nan, 2.0, "ar")]
+    assert write_defaults(tmp_path, choose_defaults(mixed)) == {"default_mode_infill": "ar",
+                                                                "default_mode_continuation": "diffusion"}
+    # A run of diffusion alone (a sweep) compared no modes: the stored ones stay; its operating point is written.
+    write_defaults(tmp_path, choose_defaults(_scripted()))
+    alone = [r for r in _scripted() if r["variant"] == "diffusion"]
     sweep = {"points": [{"max_steps": 16, "entropy_bound": 0.3, "judge_ppl": 20.0, "tokens_per_forward": 16.0}]}
-    with_sweep = write_defaults(tmp_path, choose_defaults(only), sweep)
+    with_sweep = write_defaults(tmp_path, choose_defaults(alone), sweep)
+    assert load_mode_defaults(tmp_path) == ModeDefaults("ar", "ar")
     assert (with_sweep["max_steps"], with_sweep["entropy_bound"]) == (16, 0.3) == (
         load_sampler_defaults(tmp_path).max_steps, load_sampler_defaults(tmp_path).entropy_bound)
 
