@@ -2,15 +2,15 @@
 settings chosen) from measured quality, and diffusion's step budget and entropy bound from the sweep.
 
 The mode rule, per kind (infill: every `infill-G` task; continuation): among the variants run (a mode with its AR
-settings), drop the degenerate ones (any task flagged, or a fill the judge could not score) and keep those within
-the speed bounds (`eval_metrics.speed_bound` on every task of the kind); the best quality wins, ties to the faster.
-Quality is a loss, the mean over the kind's tasks of |ln fill ratio| + max(0, ln seam ratio): a fill is as far from
-human-like above as below (the degenerate low side is already out), and a seam only counts against a fill when it
-is harder to read than after the human text. When no variant is within the speed bounds (a slower machine than the
-bounds assume), the best quality among all non-degenerate ones is chosen and the choice says so. A kind keeps the
-model's current default when every variant is degenerate or only one mode was run (nothing was compared). The AR
-settings written are the infill choice's when it is AR (they matter most there: the suffix scoring), else the
-continuation's.
+settings) whose fills the judge could score, drop the degenerate ones (any task flagged) as long as a sound one has
+its fill ratio within the target range on every task (when none has, every run is off in its own way, loops or
+noise, and they are all ranked); keep those within the speed bounds (`eval_metrics.speed_bound` on every task of
+the kind; when none is, the bounds assume a faster machine and all are kept, the choice saying so); the best
+quality wins, ties to the faster. Quality is a loss, the mean over the kind's tasks of |ln fill ratio| +
+max(0, ln seam ratio): a fill is as far from human-like above as below, and a seam only counts against a fill when
+it is harder to read than after the human text. A kind keeps the model's current default when nothing could be
+scored or only one mode was run (nothing was compared). The AR settings written are the infill choice's when it is
+AR (they matter most there: the suffix scoring), else the continuation's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from canvas.modes import MODE_KEYS, Kind, load_mode_defaults, write_extra
 from canvas.sampler import SamplerConfig, load_sampler_defaults
-from canvas.training.eval_metrics import AR_SETTINGS, speed_bound
+from canvas.training.eval_metrics import AR_SETTINGS, FILL_RANGE, speed_bound
 from canvas.training.eval_samples import CONTINUATION
 
 
@@ -48,23 +48,28 @@ def choose_defaults(results: Sequence[dict[str, Any]], speed_scale: float = 1.0)
         kind = "continuation" if p["task"] == CONTINUATION else "infill"
         by_variant.setdefault((kind, p["variant"]), []).append(p)
     out: dict[str, Any] = {"candidates": []}
+    lo, hi = FILL_RANGE
     for kind in ("infill", "continuation"):
-        scored = []
+        rows = []
         for (k, label), points in by_variant.items():
             if k != kind:
                 continue
             loss = quality_loss(points)
-            degenerate = any(p["degenerate"] for p in points) or math.isnan(loss)
             bounds = [(p["seconds_per_canvas"], speed_bound(p["task"], speed_scale)) for p in points]
-            fast = all(b is None or s <= b for s, b in bounds)
-            seconds = sum(p["seconds_per_canvas"] for p in points) / len(points)
-            row = {"kind": kind, "variant": label, "mode": points[0]["mode"], "loss": loss, "degenerate": degenerate,
-                   "within_speed": fast, "seconds": seconds,
+            row = {"kind": kind, "variant": label, "mode": points[0]["mode"], "loss": loss,
+                   "degenerate": any(p["degenerate"] for p in points),
+                   "fill_in_range": all(lo <= p["fill_ratio"] <= hi for p in points),
+                   "within_speed": all(b is None or s <= b for s, b in bounds),
+                   "seconds": sum(p["seconds_per_canvas"] for p in points) / len(points),
                    **{s: points[0].get(s) for s in AR_SETTINGS}}  # fmt: skip
             out["candidates"].append(row)
-            if not degenerate:
-                scored.append(row)
-        pool = [r for r in scored if r["within_speed"]] or scored
+            if not math.isnan(loss):
+                rows.append(row)
+        sound = [r for r in rows if not r["degenerate"]]
+        # Degenerate runs are out while a sound one reads like human text (fill ratio in range); when none does,
+        # every run is wrong in its own way and the loss alone ranks them (loops against noise, say).
+        pool = sound if any(r["fill_in_range"] for r in sound) else rows
+        pool = [r for r in pool if r["within_speed"]] or pool
         out[kind] = min(pool, key=lambda r: (r["loss"], r["seconds"])) if pool else None
     return out
 

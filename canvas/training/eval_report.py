@@ -85,6 +85,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"Reference: {ref['max_steps']} steps, bound {ref['entropy_bound']:g}. Fastest within 10% of "
                   f"its judge perplexity: {best['max_steps']} steps, bound {best['entropy_bound']:g}, "
                   f"{_f(best['tokens_per_forward'])} tokens/forward."]  # fmt: skip
+    choice = result.get("defaults_choice")
+    if choice:
+        kinds = ("infill", "continuation")
+        picked = ", ".join(f"{k} {choice[k]['variant'] if choice[k] else 'unchanged'}" for k in kinds)
+        slow = [k for k in kinds if choice[k] is not None and not choice[k]["within_speed"]]
+        lines += ["", f"Defaults chosen ({picked}) and written: {result['defaults_written']}"
+                  + (f"; no variant met the speed bounds for {', '.join(slow)}" if slow else "") + "."]
     lines += ["", "### Targets (the default modes)", "", "| task | variant | target | measured | met |",
               "|---|---|---|---:|---|"]  # fmt: skip
     for t in result["targets"]:
@@ -122,7 +129,7 @@ def card_section(result: dict[str, Any], command: str) -> str:
         modes = f"infill **{written['default_mode_infill']}**, continuation **{written['default_mode_continuation']}**"
         ar = ", ".join(f"{k} {written[k]}" for k in ("ar_drafts", "ar_seam_tokens") if k in written)
         lines += [f"Defaults written: modes {modes}{f' ({ar})' if ar else ''} (`dcanvas_sampler.json`: the best "
-                  "quality within the speed bounds, degenerate runs excluded)."]
+                  "quality within the speed bounds, by the rule of `canvas.training.eval_choice`)."]
         if "max_steps" in written:
             lines += [f"Sampler: **{written['max_steps']} steps, entropy bound {written['entropy_bound']:g}** "
                       "(`generation_config.json`: the fastest sweep point within 10% of the best judge perplexity)."]

@@ -448,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
     result["data"] = str(held_out)
     result["threads"] = torch.get_num_threads()
     if args.write_defaults:
-        choice = choose_defaults(result["results"], cfg.speed_scale)
+        result["defaults_choice"] = choice = choose_defaults(result["results"], cfg.speed_scale)
         result["defaults_written"] = written = write_defaults(Path(model_dir), choice, result["sweep"])
         console.print(f"{model_dir}: defaults now {json.dumps(written)}")
     if args.card:
