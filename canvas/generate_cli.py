@@ -6,9 +6,10 @@ it marked `[[...]]` between the text around them (an infill, as the editor's mas
     dcanvas generate --prompt "...that a single man [[in possession of a good fortune]], must be in want of a wife."
 
 Human-readable by default, with a live view of the draft on a terminal; `--json` prints one JSON object with
-`tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s` (and `fills` for an infill: `text` is then the
-whole rewritten text), and the `mode` it ran in: the one `--mode` names, else the model's default mode for an infill
-(text after a span) or a continuation (`canvas.modes`). Loads the embedded default model when no `--model` is given.
+`tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s`, `model` (and `fills` for an infill: `text` is
+then the whole rewritten text), and the `mode` it ran in: the one `--mode` names, else the model's default mode for
+an infill (text after a span) or a continuation (`canvas.modes`). Without `--model`, the model is
+`canvas.model_resolve`'s choice, as for every command.
 Owns nothing but the command: the work is `canvas.engine`, and for an infill `canvas.document.Document` lays out the
 canvas and reads it back.
 """
@@ -27,7 +28,8 @@ from typing import Any
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="text to continue, or with [[...]] around spans to rewrite")
-    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: $DCANVAS_MODEL, else the "
+                        "built Gemma-3-270M conversion, building it if its packages are installed, else canvas-6m)")
     parser.add_argument("--mode", choices=("diffusion", "ar"), default=None,
                         help="default: the model's default mode for an infill ([[...]]) or a continuation")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: one canvas")
@@ -89,13 +91,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     from canvas.engine import Engine, Frame, GenRequest
+    from canvas.model_resolve import ModelUnavailable, resolve_model
     from canvas.modes import load_mode_defaults
     from canvas.sampler import load_sampler_defaults
-    from canvas.server.backend import default_model_dir
 
-    model_dir = args.model or default_model_dir()
-    if model_dir is None:
-        print("error: no --model given and no embedded default model is installed", file=sys.stderr)
+    try:
+        model_dir = resolve_model(args.model).path
+    except ModelUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         given = {"max_steps": args.max_steps, "entropy_bound": args.entropy_bound, "t_max": args.t_max,
@@ -139,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"tokens": tokens, "text": text, "tokens_per_forward": round(done.tokens_per_forward, 3),
                           "steps": done.steps, "forwards": done.forwards, "wall_s": round(done.wall_s, 4),
-                          "mode": args.mode, "model": model.config.name}))
+                          "mode": args.mode, "model": model.config.name or model_dir.name}))
     else:
         print(args.prompt + text)
-        print(f"[{done.steps} steps, {done.tokens_per_forward:.2f} tokens/forward, {done.tok_s:.0f} tok/s, "
-              f"{done.wall_s:.2f} s]", file=sys.stderr)
+        print(f"[{model.config.name or model_dir.name}: {done.steps} steps, {done.tokens_per_forward:.2f} "
+              f"tokens/forward, {done.tok_s:.0f} tok/s, {done.wall_s:.2f} s]", file=sys.stderr)
     return 0
 
 
@@ -201,6 +204,6 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
                           "mode": args.mode, "model": backend.name}))  # fmt: skip
     else:
         print(new_text)
-        print(f"[{done.steps} steps, {done.tokens_per_forward:.2f} tokens/forward, {done.wall_s:.2f} s]",
-              file=sys.stderr)
+        print(f"[{backend.name}: {done.steps} steps, {done.tokens_per_forward:.2f} tokens/forward, "
+              f"{done.wall_s:.2f} s]", file=sys.stderr)
     return 0

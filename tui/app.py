@@ -227,8 +227,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", default=None, help="text or Markdown file to edit (created on save)")
     parser.add_argument("--server", default=None, help="connect to this server (ws://HOST:PORT/ws) instead of "
                         "starting an embedded one")  # fmt: skip
-    parser.add_argument("--model", default=None, help="model directory for the embedded server (default: the "
-                        "installed default model)")  # fmt: skip
+    parser.add_argument("--model", default=None, help="model directory for the embedded server (default: "
+                        "$DCANVAS_MODEL, else the built Gemma-3-270M conversion, building it if its packages are "
+                        "installed, else canvas-6m)")  # fmt: skip
     parser.add_argument("--token", default=None, help="token for a server off loopback (default $DCANVAS_TOKEN)")
     parser.set_defaults(func=run)
 
@@ -250,6 +251,19 @@ def run(args: argparse.Namespace) -> int:
     except OSError:
         logging.disable(logging.CRITICAL)
     token = args.token or os.environ.get("DCANVAS_TOKEN") or None
-    app = DcanvasApp(args.file, server=server, model=args.model, token=token)
+    model, fallback = args.model, None
+    if server is None:  # the model is chosen (and the why of a fallback said, a build shown) before the UI starts
+        from canvas.model_resolve import ModelUnavailable, resolve_model
+
+        try:
+            resolved = resolve_model(args.model)
+        except ModelUnavailable as e:
+            print(f"dcanvas tui: {e}")
+            return 2
+        model = str(resolved.path)
+        fallback = resolved.note if resolved.origin == "embedded" else None
+    app = DcanvasApp(args.file, server=server, model=model, token=token)
+    if fallback is not None:  # the terminal's line is hidden once the UI starts: say it in the UI too
+        app.start_problems.append(fallback.removeprefix("dcanvas: "))
     result = app.run()
     return int(result or 0)

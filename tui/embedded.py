@@ -2,7 +2,7 @@
 
 `dcanvas tui` without `--server` runs one in this process (a background thread, a free loopback port, documents in
 memory: the file on disk is the editor's truth, not the server's store), so that `make run` alone gives a working
-editor. `LocalServer` chooses the model (`--model DIR`, else the installed default), turns every way starting can
+editor. `LocalServer` serves `--model DIR`, else `canvas.model_resolve`'s choice, turns every way starting can
 fail into an `EmbeddedServerError` whose message says what to do, and can tell whether the server still answers.
 
 `start()` blocks while the model loads: the app calls it from a thread (`asyncio.to_thread`).
@@ -10,12 +10,16 @@ fail into an `EmbeddedServerError` whose message says what to do, and can tell w
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from canvas.server.embedded import EmbeddedServer
+
+
+log = logging.getLogger("tui.embedded")
 
 
 class EmbeddedServerError(RuntimeError):
@@ -46,18 +50,18 @@ class LocalServer:
 
     def start(self) -> str:
         """Start a server (a fresh one if a previous one died) and return its websocket URL."""
-        from canvas.server.backend import default_model_dir
+        from canvas.model_resolve import ModelUnavailable, resolve_model
         from canvas.server.embedded import EmbeddedServer
 
         if self.alive:
             return self.url
         self.stop()
-        model_dir = self.model_dir or default_model_dir()
-        if model_dir is None:
-            raise EmbeddedServerError(
-                "no default model is installed: start with --model DIR (a dcanvas model directory), "
-                "or connect to a running server with --server ws://HOST:PORT/ws"
-            )
+        try:
+            # `dcanvas tui` resolves before the UI owns the terminal; here only for callers that did not, and the
+            # fallback's line goes to the log, not over the UI.
+            model_dir = self.model_dir or str(resolve_model(say=log.warning).path)
+        except ModelUnavailable as e:
+            raise EmbeddedServerError(f"{e}, or connect to a running server with --server ws://HOST:PORT/ws") from e
         if not (Path(model_dir) / "config.json").is_file():
             raise EmbeddedServerError(f"{model_dir} is not a dcanvas model directory (it has no config.json)")
         try:

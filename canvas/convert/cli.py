@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from canvas.convert.build import BuildConfig
@@ -31,9 +31,9 @@ def _vocab(value: str) -> int | None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vocab-size", type=_vocab, default=32_768,
-                   help="trimmed vocabulary: the most frequent ids over the project corpus plus every special and "
-                        "byte-fallback token, or 'full' (default: 32768)")
+    p.add_argument("--vocab-size", type=_vocab, default=65_536,
+                   help="trimmed vocabulary: the first ids of the committed ranking (canvas/convert/vocab.py) plus "
+                        "every special, sentinel and byte-fallback token, or 'full' (default: 65536)")
     p.add_argument("--experts", type=int, default=4, help="routed experts per layer (zero until trained; default 4)")
     p.add_argument("--canvas-length", type=int, default=256)
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -63,6 +63,12 @@ def register_model(parser: argparse.ArgumentParser) -> None:
                                    "original on validation passages: perplexity, ratio, KL, top-1 agreement.")
     c.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="from `dcanvas data build`")
     c.add_argument("--passages", type=int, default=20)
+    c.add_argument("--model", type=Path, default=None,
+                   help="the built model whose vocabulary and encoder the probe set measures (default: the cached "
+                        "default build)")
+    c.add_argument("--only", choices=("all", "conversion", "probes"), default="all",
+                   help="conversion: the full-vocabulary conversion on the validation passages; probes: the built "
+                        "model on the probe set (news, fiction, technical, code, dialogue)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--cache", type=Path, default=None)
     c.set_defaults(func=run_check)
@@ -108,24 +114,77 @@ def run_check(args: argparse.Namespace) -> int:
 
     import torch
 
-    from canvas.convert.build import _source, cache_root, calibration_ids
-    from canvas.convert.fidelity import compare, validation_passages
-    from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
+    from canvas.convert.build import _source, cache_root
     from canvas.convert.source import GemmaUnavailable
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        passages = validation_passages(args.corpus, args.passages)
+        passages = [] if args.only == "probes" else _passages(args)
+        model_dir = None if args.only == "conversion" else _built(args)
         source, tok = _source(args.cache or cache_root(), lambda what: print(what, file=sys.stderr))
     except (GemmaUnavailable, FileNotFoundError) as e:
         print(f"dcanvas model check: {e}", file=sys.stderr)
         return 2
+    result: dict[str, object] = {}
+    ok = True
+    if passages:
+        result.update(_check_conversion(source, tok, passages))
+    if model_dir is not None:
+        probes, ok = _check_probes(source, tok, model_dir)
+        result["model"], result["probes"] = str(model_dir), probes
+    print(json.dumps(result))
+    return 0 if ok else 1
+
+
+def _passages(args: argparse.Namespace) -> list[str]:
+    from canvas.convert.fidelity import validation_passages
+
+    return validation_passages(args.corpus, args.passages)
+
+
+def _built(args: argparse.Namespace) -> Path:
+    from canvas.convert.build import BuildConfig, cache_root
+
+    path = args.model or (args.cache or cache_root()) / "models" / BuildConfig().name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no built model (run `dcanvas model build`, or pass --model DIR)")
+    return path
+
+
+def _check_conversion(source: Any, tok: Any, passages: list[str]) -> dict[str, Any]:
+    from canvas.convert.build import calibration_ids
+    from canvas.convert.fidelity import compare
+    from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
+
     model, fits = convert_gemma3(source, calibration_ids(tok, 256), ConvertConfig())
     r = compare(source, model, tok, passages)
-    print(f"passages {r.passages}, predictions {r.predictions}")
+    print(f"conversion (full vocabulary): passages {r.passages}, predictions {r.predictions}")
     print(f"{'model':<28}{'ppl':>9}{'ratio':>8}{'KL nats':>10}{'top-1':>8}")
     print(f"{'Gemma3ForCausalLM':<28}{r.ppl_original:>9.3f}{1.0:>8.3f}{0.0:>10.4f}{1.0:>8.3f}")
     print(f"{'converted encoder':<28}{r.ppl_converted:>9.3f}{r.ratio:>8.3f}{r.kl:>10.4f}{r.top1_agree:>8.3f}")
-    print(json.dumps({**r.to_json(), "anchor_cv": [round(f.cv, 5) for f in fits]}))
-    return 0
+    return {**r.to_json(), "anchor_cv": [round(f.cv, 5) for f in fits]}
+
+
+def _check_probes(source: Any, tok: Any, model_dir: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The built model's vocabulary and encoder on each kind of probe text, against Gemma 3 (fp32 both)."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from canvas.convert.probes import MAX_NLL_RATIO, MAX_TOKENS_RATIO, probe_report
+    from canvas.model import DiffusionModel
+
+    model = DiffusionModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    rows = probe_report(source.float(), tok, model, AutoTokenizer.from_pretrained(str(model_dir)))
+    print(f"probe set against Gemma 3 (fp32): {model_dir.name}, bounds tokens <= {MAX_TOKENS_RATIO:.2f}x, "
+          f"NLL/char <= {MAX_NLL_RATIO:.2f}x")
+    print(f"{'kind':<12}{'texts':>6}{'chars':>8}{'tokens':>9}{'NLL/char Gemma 3':>18}{'ours':>8}{'ratio':>8}")
+    ok = True
+    for r in rows:
+        good = r.tokens_ratio <= MAX_TOKENS_RATIO and r.nll_ratio <= MAX_NLL_RATIO
+        ok &= good
+        print(f"{r.kind:<12}{r.texts:>6}{r.chars:>8,}{r.tokens_ratio:>8.3f}x{r.nll_original:>18.4f}"
+              f"{r.nll_model:>8.4f}{r.nll_ratio:>7.3f}x{'' if good else '  OVER'}")
+    return [{**dataclasses.asdict(r), "nll_ratio": r.nll_ratio} for r in rows], ok

@@ -1,7 +1,11 @@
-"""The trimmed vocabulary: Gemma 3's 262,144 tokens cut down to the ones our corpus uses, so the LM head is cheap.
+"""The trimmed vocabulary: Gemma 3's 262,144 tokens cut down to the ones users' text needs, so the LM head is cheap.
 
-Owns the committed ranking (`gemma3_vocab_rank.txt`: Gemma 3 token ids by frequency on the training split, made by
-`python -m canvas.convert.vocab`, how exactly is in its header), the choice of ids to keep (`select_vocab`), the
+Owns the committed ranking (`gemma3_vocab_rank.txt`, made by `python -m canvas.convert.vocab`, how exactly is in its
+header): token frequencies on a mixture (the corpus's training split, source code, package documentation) interleaved
+with a general-English prior (Gemma's own merge order, which is a frequency order learned on a very large corpus,
+restricted to ASCII tokens, dictionary words first), because the corpus alone is not what users write: ranked on it,
+common words of news or code fell apart into pieces the model never saw. Also owns the choice of ids to keep
+(`select_vocab`), the
 trimmed `tokenizer.json` (`trim_tokenizer`), both at once (`trim_vocab` -> `TrimmedVocab`), and the HF tokenizer
 directory (`save_trimmed`; `trim_for_model` is what `build` calls).
 
@@ -49,11 +53,15 @@ SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<e
 WHITESPACE = tuple(c * n for c in "\n\t" for n in range(1, 32))
 NULL_SOURCE = "<unused0>"  # an unused Gemma slot, reused as the null token so its id stays in the low specials
 NULL = "<null>"  # the editor's gap filler: lets an infill come out shorter than its gap
+# Fill-in-the-middle sentinels, reserved from Gemma's unused added tokens (special, never produced by text; the
+# tokenizer, `dcanvas convert` and transformers keep working): prefix, suffix, middle, end of middle.
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FIM_END = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_end|>"
+FIM_SOURCES = {"<unused1>": FIM_PREFIX, "<unused2>": FIM_SUFFIX, "<unused3>": FIM_MIDDLE, "<unused4>": FIM_END}
 
 
 # ---- ranking ---------------------------------------------------------------------------------------------------
-def rank_ids(tokenizer: Any, texts: Iterable[str], batch_size: int = 512) -> list[int]:
-    """Ids that occur when encoding `texts` (no special tokens added), most frequent first, ties by id.
+def count_ids(tokenizer: Any, texts: Iterable[str], batch_size: int = 512) -> collections.Counter[int]:
+    """How often each id occurs when encoding `texts` (no special tokens added).
 
     `tokenizer` is a `tokenizers.Tokenizer` or a transformers fast tokenizer (its backend is used)."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
@@ -66,7 +74,60 @@ def rank_ids(tokenizer: Any, texts: Iterable[str], batch_size: int = 512) -> lis
             batch = []
     if batch:
         counts.update(i for enc in backend.encode_batch(batch, add_special_tokens=False) for i in enc.ids)
+    return counts
+
+
+def rank_ids(tokenizer: Any, texts: Iterable[str], batch_size: int = 512) -> list[int]:
+    """Ids that occur when encoding `texts`, most frequent first, ties by id."""
+    counts = count_ids(tokenizer, texts, batch_size)
     return sorted(counts, key=lambda i: (-counts[i], i))
+
+
+def mixed_ranking(parts: Sequence[tuple[Mapping[int, int], float]]) -> list[int]:
+    """Ids by a weighted mixture of relative frequencies: sum of weight * count / total over `(counts, weight)`
+    parts, most frequent first, ties by id. Normalising each part first keeps a large source (code) from drowning
+    a small one (prose) whatever their sizes."""
+    score: dict[int, float] = collections.defaultdict(float)
+    for counts, weight in parts:
+        total = sum(counts.values())
+        for i, c in counts.items():
+            score[i] += weight * c / total
+    return sorted(score, key=lambda i: (-score[i], i))
+
+
+def prior_ranking(tok_json: Mapping[str, Any], lexicon: Iterable[str] = ()) -> list[int]:
+    """A general-English prior from the tokenizer alone: its non-added tokens made only of printable ASCII (and
+    newline, tab, "▁"), in id order, which for Gemma is merge priority (a frequency order from its very large, mostly
+    multilingual training corpus); tokens whose text ("▁" dropped) is a word of `lexicon` (any case) come first, so
+    whole English words (and names: a dictionary lists places and people) outrank fragments of other languages."""
+    model = _bpe_model(tok_json)
+    added = {int(t["id"]) for t in tok_json.get("added_tokens", [])}
+    words = {w.lower() for w in lexicon}
+    ascii_ids = []
+    for name, i in sorted(model["vocab"].items(), key=lambda kv: kv[1]):
+        text = name.replace("▁", " ")
+        if i not in added and all(32 <= ord(c) < 127 or c in "\n\t" for c in text):
+            ascii_ids.append((i, len(text.strip()) > 1 and text.strip().lower() in words))
+    return [i for i, w in ascii_ids if w] + [i for i, w in ascii_ids if not w]
+
+
+def interleave(a: Sequence[int], b: Sequence[int], take_a: int = 1, take_b: int = 1) -> list[int]:
+    """`take_a` ids from `a`, then `take_b` from `b`, and so on, each id once (its first place wins)."""
+    out: list[int] = []
+    seen: set[int] = set()
+    its = [(iter(a), take_a), (iter(b), take_b)]
+    while True:
+        moved = False
+        for it, k in its:
+            for _ in range(k):
+                for i in it:
+                    if i not in seen:
+                        seen.add(i)
+                        out.append(i)
+                        moved = True
+                        break
+        if not moved:
+            return out
 
 
 def save_ranking(ids: Sequence[int], path: Path, header: Sequence[str] = ()) -> None:
@@ -173,11 +234,12 @@ class _Ancestry:
 
 def select_vocab(tok_json: Mapping[str, Any], ranked: Sequence[int], size: int, *,
                  null_source: str | None = NULL_SOURCE, always: Iterable[str] = WHITESPACE,
-                 fill: bool = True) -> list[int]:
+                 reserved: Iterable[str] = (), fill: bool = True) -> list[int]:
     """The sorted old ids to keep: at most `size`, the required ones, then `ranked` in order with their ancestry.
 
     Required: the 256 byte-fallback tokens, `SPECIALS` that exist, the model's unk token, the normalizer's "▁",
-    the post-processor's tokens, `null_source` and the tokens of `always` that exist. A ranked token whose ancestry
+    the post-processor's tokens, `null_source`, every token of `reserved` (the FIM sentinels' sources; each must
+    exist) and the tokens of `always` that exist. A ranked token whose ancestry
     no longer fits is skipped (a later, shorter one may fit); a token BPE cannot emit at all is skipped too. When the
     ranking runs out first (our training split uses 52k of Gemma's ids), `fill` continues with the other non-added
     tokens by id, which for Gemma is its merge priority, so the result has exactly `size` ids."""
@@ -194,6 +256,10 @@ def select_vocab(tok_json: Mapping[str, Any], ranked: Sequence[int], size: int, 
         if null_source not in vocab:
             raise ValueError(f"null_source {null_source!r} is not in the vocabulary")
         required_names.append(null_source)
+    for t in reserved:
+        if t not in vocab:
+            raise ValueError(f"reserved token {t!r} is not in the vocabulary")
+        required_names.append(t)
     missing = [t for t in required_names if t not in vocab]
     if missing:
         raise ValueError(f"required tokens missing from the vocabulary: {missing}")
@@ -354,10 +420,14 @@ class TrimmedVocab:
 
 def trim_vocab(tok_json: Mapping[str, Any], ranked: Sequence[int], size: int, *,
                null_source: str | None = NULL_SOURCE, null: str = NULL, always: Iterable[str] = WHITESPACE,
-               fill: bool = True) -> TrimmedVocab:
-    """`select_vocab` then `trim_tokenizer`, renaming `null_source` to `null`."""
-    keep = select_vocab(tok_json, ranked, size, null_source=null_source, always=always, fill=fill)
+               sentinels: Mapping[str, str] | None = None, fill: bool = True) -> TrimmedVocab:
+    """`select_vocab` then `trim_tokenizer`, renaming `null_source` to `null` and each of `sentinels`' keys to its
+    value (`FIM_SOURCES` for the build)."""
+    sentinels = dict(sentinels or {})
+    keep = select_vocab(tok_json, ranked, size, null_source=null_source, always=always, reserved=sentinels,
+                        fill=fill)
     rename = {null_source: null} if null_source is not None else {}
+    rename.update(sentinels)
     trimmed = trim_tokenizer(tok_json, keep, rename=rename)
     return TrimmedVocab(torch.tensor(keep, dtype=torch.long), trimmed, rename)
 
@@ -406,11 +476,12 @@ def save_trimmed(vocab: TrimmedVocab, src_dir: Path, out_dir: Path) -> None:
                                                    encoding="utf-8")
 
 
-def trim_for_model(tok: Any, size: int, out_dir: Path, ranking: Path = RANKING) -> TrimmedVocab:
-    """The build's step: trim a transformers Gemma 3 tokenizer to `size` by the committed ranking, write it to
-    `out_dir`, return the ids to slice the model with."""
+def trim_for_model(tok: Any, size: int, out_dir: Path, ranking: Path = RANKING,
+                   sentinels: Mapping[str, str] = FIM_SOURCES) -> TrimmedVocab:
+    """The build's step: trim a transformers Gemma 3 tokenizer to `size` by the committed ranking, with the FIM
+    sentinels reserved, write it to `out_dir`, return the ids to slice the model with."""
     tok_json = json.loads(tok.backend_tokenizer.to_str())
-    vocab = trim_vocab(tok_json, load_ranking(ranking), size)
+    vocab = trim_vocab(tok_json, load_ranking(ranking), size, sentinels=sentinels)
     with tempfile.TemporaryDirectory() as src:  # the source's tokenizer_config.json, as transformers writes it
         tok.save_pretrained(src)
         save_trimmed(vocab, Path(src), out_dir)
@@ -418,23 +489,75 @@ def trim_for_model(tok: Any, size: int, out_dir: Path, ranking: Path = RANKING) 
 
 
 # ---- regenerating the committed ranking ------------------------------------------------------------------------
+def _read_texts(paths: Iterable[Path], metadata: bool = False) -> list[str]:
+    """File contents; for wheel METADATA files only the long description (after the first blank line)."""
+    out = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        out.append(text.split("\n\n", 1)[1] if metadata and "\n\n" in text else text)
+    return out
+
+
+def _paths(patterns: Sequence[str], exclude: Sequence[str]) -> list[Path]:
+    import glob
+
+    found = sorted({Path(p) for pat in patterns for p in glob.glob(pat, recursive=True)})
+    return [p for p in found if p.is_file() and not any(x in str(p) for x in exclude)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m canvas.convert.vocab",
-                                description="Rank the Gemma 3 token ids by frequency on a corpus split (the "
-                                            "committed gemma3_vocab_rank.txt).")
+                                description="Rank the Gemma 3 token ids for trimming (the committed "
+                                            "gemma3_vocab_rank.txt): a frequency mixture interleaved with a "
+                                            "general-English prior.")
     p.add_argument("--tokenizer", type=Path, default=Path.home() / ".cache/dcanvas/gemma3/hf/tokenizer.json")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus/train.jsonl"), help="JSON lines with 'text'")
+    p.add_argument("--code", nargs="*", default=[f"{sys.base_prefix}/lib/python3.*/**/*.py",
+                                                  "/usr/lib/node_modules/npm/**/*.js"],
+                   help="globs of source files (default: this Python's standard library and npm's JavaScript; "
+                        "never site-packages)")
+    p.add_argument("--docs", nargs="*", default=[f"{sys.prefix}/lib/python3.*/site-packages/*.dist-info/METADATA"],
+                   help="globs of wheel METADATA files (their READMEs: technical prose)")
+    # The probe set's own sources stay out of the ranking, so its figures measure held-out text.
+    p.add_argument("--exclude", nargs="*", default=["/test", "/textwrap.py", "/shlex.py", "lib/npm.js", "lib/cli.js",
+                                                    "lib/base-cmd.js", "/starlette-", "/httpx-", "/uvicorn-",
+                                                    "/textual-", "/rich-"], help="substrings of paths to skip")
+    p.add_argument("--lexicon", nargs="*", type=Path, default=[Path("/usr/share/dict/american-english-large"),
+                                                                Path("/usr/share/dict/british-english-large")],
+                   help="word lists for the prior (Debian wamerican-large, wbritish-large)")
+    p.add_argument("--weights", type=float, nargs=3, default=(0.5, 0.25, 0.25), metavar=("CORPUS", "CODE", "DOCS"))
+    p.add_argument("--prior-every", type=int, default=2, help="prior ids taken after each mixture id")
+    p.add_argument("--keep", type=int, default=98_304, help="ids written (the largest vocabulary it can serve)")
     p.add_argument("--out", type=Path, default=RANKING)
     args = p.parse_args(argv)
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
-    texts = [json.loads(line)["text"] for line in args.corpus.read_text(encoding="utf-8").splitlines() if line]
-    ids = rank_ids(tokenizer, texts)
-    header = [f"Gemma 3 token ids by frequency (most frequent first, ties by id) on {args.corpus.name} "
-              f"({len(texts):,} texts, {sum(map(len, texts)):,} characters), no special tokens added.",
+    tok_json = json.loads(args.tokenizer.read_text(encoding="utf-8"))
+    corpus = [json.loads(line)["text"] for line in args.corpus.read_text(encoding="utf-8").splitlines() if line]
+    code = _read_texts(_paths(args.code, [*args.exclude, "site-packages"]))
+    docs = _read_texts(_paths(args.docs, args.exclude), metadata=True)
+    missing = [f for f in args.lexicon if not f.is_file()]
+    if missing or not (corpus and code and docs):
+        print(f"missing inputs: lexicon {missing}, corpus {len(corpus)}, code {len(code)}, docs {len(docs)} texts "
+              "(apt-get install wamerican-large wbritish-large; dcanvas data build)", file=sys.stderr)
+        return 2
+    lexicon = [w.strip() for f in args.lexicon for w in f.read_text(encoding="utf-8", errors="replace").splitlines()
+               if w.strip() and "'" not in w]
+    parts = [(count_ids(tokenizer, texts), w) for texts, w in zip((corpus, code, docs), args.weights, strict=True)]
+    ids = interleave(mixed_ranking(parts), prior_ranking(tok_json, lexicon), 1, args.prior_every)[: args.keep]
+
+    def chars(texts: list[str]) -> str:
+        return f"{len(texts):,} texts, {sum(map(len, texts)):,} characters"
+
+    header = [f"Gemma 3 token ids for trimming, best first: a frequency mixture (weights {args.weights}) of the "
+              f"corpus's {args.corpus.name} ({chars(corpus)}), source code ({chars(code)}) and wheel READMEs "
+              f"({chars(docs)}), each normalised to relative frequency,",
+              f"interleaved 1:{args.prior_every} with Gemma's merge order over ASCII tokens, words of "
+              f"{', '.join(f.name for f in args.lexicon)} ({len(lexicon):,} entries) first.",
               f"tokenizer.json sha256 {sha256_file(args.tokenizer)} ({tokenizer.get_vocab_size():,} tokens).",
-              "Made by `python -m canvas.convert.vocab --corpus data/corpus/train.jsonl` (canvas/convert/vocab.py)."]
+              "Made by `python -m canvas.convert.vocab` (canvas/convert/vocab.py; defaults: this Python's stdlib "
+              "minus tests, the venv's wheels, the probe set's sources excluded)."]
     save_ranking(ids, args.out, header)
     print(f"{len(ids):,} distinct ids -> {args.out} ({args.out.stat().st_size / 1e3:.0f} kB)", file=sys.stderr)
     return 0

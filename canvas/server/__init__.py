@@ -33,7 +33,8 @@ def create_app(config: ServerConfig, **kwargs: Any) -> Starlette:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8765, help="TCP port (default 8765)")
-    parser.add_argument("--model", default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--model", default=None, help="model directory (default: $DCANVAS_MODEL, else the built "
+                        "Gemma-3-270M conversion, building it if its packages are installed, else canvas-6m)")
     parser.add_argument(
         "--db",
         default=None,
@@ -122,7 +123,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"dcanvas serve: {e}")
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {describe(config.db)})", flush=True)
+    print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (model {app.state.hub.backend.name}, documents in "
+          f"{describe(config.db)})", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **uvicorn_options(config))
     return 0
 
@@ -132,12 +134,11 @@ def _serve_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     import uvicorn
 
     from canvas.cluster.deploy import Cluster, ClusterConfig
-    from canvas.server.backend import default_model_dir, load_frontend
+    from canvas.model_resolve import resolve_model
+    from canvas.server.backend import load_frontend
     from canvas.server.embedded import uvicorn_options
 
-    model_dir = config.model_dir or default_model_dir()
-    if model_dir is None:
-        raise FileNotFoundError("no model: pass --model DIR (the embedded default model is not installed)")
+    model_dir = resolve_model(config.model_dir).path
     cluster_config = ClusterConfig(replicas=args.replicas, address=args.ray_address, app=args.ray_app,
                                    num_gpus=args.gpus_per_replica, threads=config.threads)
     backend = load_frontend(model_dir)  # before Ray: a bad directory fails fast
@@ -146,7 +147,7 @@ def _serve_ray(args: argparse.Namespace, config: ServerConfig) -> int:
                             admission=config.admission)
     try:
         app = create_app(config, backend=backend, admission=cluster.admission())
-        print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (documents in {config.db}; "
+        print(f"dcanvas serve: ws://{config.host}:{config.port}/ws  (model {backend.name}, documents in {config.db}; "
               f"{args.replicas} engine replicas on Ray)", flush=True)
         uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **uvicorn_options(config))
     finally:

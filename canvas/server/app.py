@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from canvas import __version__
 from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, parse_client_message
 from canvas.server.admission import Admission, Admits
-from canvas.server.backend import Backend, default_model_dir, load_backend
+from canvas.server.backend import Backend, load_backend
 from canvas.server.config import ServerConfig
 from canvas.server.http_api import HttpApi
 from canvas.server.hub import Hub
@@ -45,13 +45,14 @@ SUBPROTOCOL = "dcanvas.v1"
 
 def create_app(config: ServerConfig, backend: Backend | None = None, store: DocStore | None = None,
                admission: Admits | None = None) -> Starlette:
-    """The app for `config`. Without `backend`, the model in `config.model_dir` (or the default one) is loaded.
+    """The app for `config`. Without `backend`, the model in `config.model_dir` is loaded (None: the one
+    `canvas.model_resolve` chooses, as every command does).
     `admission`: where generations go instead of the backend's engine (`canvas.cluster.remote.RemoteAdmission`:
     Ray Serve replicas); the backend then needs no engine, and the server starts none."""
     if backend is None:
-        model_dir = config.model_dir or default_model_dir()
-        if model_dir is None:
-            raise FileNotFoundError("no model: pass --model DIR (the embedded default model is not installed)")
+        from canvas.model_resolve import resolve_model
+
+        model_dir = resolve_model(config.model_dir).path  # raises ModelUnavailable (a FileNotFoundError)
         backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
     own_store = store is None
     the_store = open_store(config.db) if store is None else store

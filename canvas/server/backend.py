@@ -166,9 +166,11 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
 
 
 def default_model_dir() -> Path | None:
-    """The embedded default model, when this installation has one."""
-    candidate = Path(__file__).resolve().parents[1] / "assets" / "default-model"
-    return candidate if (candidate / "config.json").is_file() else None
+    """The embedded canvas-6m, when this installation has one (what a command serves by default is
+    `canvas.model_resolve.resolve_model`'s choice, not this)."""
+    from canvas.model_resolve import EMBEDDED
+
+    return EMBEDDED if (EMBEDDED / "config.json").is_file() else None
 
 
 def write_tiny_checkpoint(path: str | Path, *, seed: int = 0, canvas_length: int = 32) -> Path:

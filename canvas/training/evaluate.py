@@ -326,7 +326,8 @@ def _modes(value: str) -> tuple[str, ...]:
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: as `dcanvas serve`: "
+                        "$DCANVAS_MODEL, else the built Gemma-3-270M conversion, else canvas-6m)")
     held_out = parser.add_mutually_exclusive_group()
     held_out.add_argument("--data", type=Path, default=DEFAULT_DATA,
                           help=f"validation JSONL of the corpus (default: {DEFAULT_DATA})")
@@ -399,7 +400,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from canvas.server.backend import default_model_dir, load_backend
+    from canvas.model_resolve import ModelUnavailable, resolve_model
+    from canvas.server.backend import load_backend
     from canvas.training.eval_choice import choose_defaults, write_defaults
     from canvas.training.eval_report import card_section, markdown, update_card
     from canvas.training.judge import JudgeError, load_judge
@@ -419,9 +421,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, EvalError) as exc:
         return fail(str(exc))
     torch.set_num_threads(max(1, args.threads))
-    model_dir = args.model or default_model_dir()
-    if model_dir is None:
-        return fail("no embedded model at canvas/assets/default-model; pass --model DIR")
+    try:
+        model_dir = resolve_model(args.model).path
+    except ModelUnavailable as exc:
+        return fail(str(exc))
     card = Path(model_dir) / "README.md"
     if args.card and not card.is_file():
         return fail(f"--card: {card} does not exist (export the model first)")

@@ -23,10 +23,15 @@ from tokenizers.trainers import BpeTrainer
 
 from canvas.convert.vocab import (
     BYTE_TOKENS,
+    FIM_PREFIX,
+    FIM_SOURCES,
     NULL,
     RANKING,
     TrimmedVocab,
+    interleave,
     load_ranking,
+    mixed_ranking,
+    prior_ranking,
     rank_ids,
     save_ranking,
     save_trimmed,
@@ -139,9 +144,47 @@ def test_committed_ranking_is_small_and_documented() -> None:
     ids = load_ranking(RANKING)
     header = [line for line in RANKING.read_text().splitlines() if line.startswith("#")]
     assert RANKING.stat().st_size < 1_000_000
-    assert len(ids) == len(set(ids)) > 32_768 and all(0 <= i < 262_144 for i in ids)
+    assert len(ids) == len(set(ids)) >= 65_536 and all(0 <= i < 262_144 for i in ids)
     assert any("train.jsonl" in h for h in header) and any("sha256" in h for h in header)
-    assert ids[0] == 236764  # ",": the most common Gemma token in the training split, then "▁the"
+    assert any("merge order" in h for h in header)
+    if REAL.is_file():  # the words everyone writes come early, from both the mixture and the prior
+        vocab = json.loads(REAL.read_text(encoding="utf-8"))["model"]["vocab"]
+        top = set(ids[:2_000])
+        assert {vocab[","], vocab["▁the"], vocab["▁and"]} <= top
+
+
+# ---- the ranking's parts -------------------------------------------------------------------------------------------
+def test_mixed_ranking_normalises_each_part() -> None:
+    big = {1: 900, 2: 100}  # a large source...
+    small = {3: 8, 2: 2}  # ...does not drown a small one: relative frequencies are mixed
+    assert mixed_ranking([(big, 0.5), (small, 0.5)]) == [1, 3, 2]
+    assert mixed_ranking([(big, 1.0), (small, 0.0)])[:2] == [1, 2]
+
+
+def test_interleave_takes_in_turn_and_keeps_first_places() -> None:
+    assert interleave([1, 2, 3], [2, 4, 5, 6], 1, 2) == [1, 2, 4, 3, 5, 6]
+    assert interleave([], [7, 7, 8]) == [7, 8]
+
+
+def test_prior_ranking_is_ascii_merge_order_with_words_first() -> None:
+    tj = tok_json()
+    names = {i: t for t, i in tj["model"]["vocab"].items()}
+    prior = prior_ranking(tj, ["fox", "THE"])
+    added = {t["id"] for t in tj["added_tokens"]}
+    assert not set(prior) & added and all(ord(c) < 127 for i in prior for c in names[i].replace("▁", " "))
+    words = [names[i] for i in prior if names[i].replace("▁", "").lower() in ("fox", "the")]
+    assert [names[i] for i in prior[: len(words)]] == words  # dictionary words first, in id (merge) order
+    rest = prior[len(words):]
+    assert rest == sorted(rest)
+
+
+def test_fim_sentinels_are_kept_and_renamed() -> None:
+    v = trim_vocab(tok_json(), ranked(), 300, sentinels={"<unused1>": FIM_PREFIX})
+    tok = v.tokenizer()
+    assert tok.token_to_id(FIM_PREFIX) == 6 and tok.token_to_id("<unused1>") is None
+    assert tok.encode(f"a{FIM_PREFIX}b", add_special_tokens=False).ids.count(6) == 1
+    with pytest.raises(ValueError, match="reserved"):
+        trim_vocab(tok_json(), ranked(), 300, sentinels={"<unused77>": FIM_PREFIX})
 
 
 # ---- selection -----------------------------------------------------------------------------------------------------
@@ -279,7 +322,7 @@ def test_save_trimmed_loads_with_transformers(tmp_path: Path) -> None:
     save_ranking(ranked(), tmp_path / "rank.txt")
     (src / "tokenizer.json").write_text(gemma_like())
     again = trim_for_model(AutoTokenizer.from_pretrained(str(src)), v.size, tmp_path / "again",
-                           ranking=tmp_path / "rank.txt")
+                           ranking=tmp_path / "rank.txt", sentinels={})
     assert torch.equal(again.old_ids, v.old_ids) and again.config_ids == v.config_ids
     assert AutoTokenizer.from_pretrained(str(tmp_path / "again")).null_token_id == 5
 
@@ -287,13 +330,14 @@ def test_save_trimmed_loads_with_transformers(tmp_path: Path) -> None:
 # ---- the real Gemma 3 tokenizer ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL.is_file(), reason=f"no Gemma 3 tokenizer at {REAL} (`dcanvas model build` makes it)")
-def test_real_gemma_at_32k(tmp_path: Path) -> None:
+def test_real_gemma_at_64k(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     tj = json.loads(REAL.read_text(encoding="utf-8"))
-    v = trim_vocab(tj, load_ranking(), 32_768)
+    v = trim_vocab(tj, load_ranking(), 65_536, sentinels=FIM_SOURCES)
     tok, old = v.tokenizer(), Tokenizer.from_file(str(REAL))
-    assert v.size == tok.get_vocab_size(with_added_tokens=True) == 32_768
+    assert v.size == tok.get_vocab_size(with_added_tokens=True) == 65_536
+    assert [tok.token_to_id(t) for t in FIM_SOURCES.values()] == [6, 7, 8, 9]
     for t in ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]:
         assert tok.token_to_id(t) == old.token_to_id(t)
     assert tok.token_to_id(NULL) == 5 and tok.token_to_id("\n") is not None
