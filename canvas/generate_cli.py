@@ -7,7 +7,9 @@ it marked `[[...]]` between the text around them (an infill, as the editor's mas
 
 Human-readable by default, with a live view of the draft on a terminal; `--json` prints one JSON object with
 `tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s`, `model` (and `fills` for an infill: `text` is
-then the whole rewritten text). Without `--model`, the model is `canvas.model_resolve`'s choice, as for every command.
+then the whole rewritten text), and the `mode` it ran in: the one `--mode` names, else the model's default mode for
+an infill (text after a span) or a continuation (`canvas.modes`). Without `--model`, the model is
+`canvas.model_resolve`'s choice, as for every command.
 Owns nothing but the command: the work is `canvas.engine`, and for an infill `canvas.document.Document` lays out the
 canvas and reads it back.
 """
@@ -28,7 +30,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="text to continue, or with [[...]] around spans to rewrite")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: $DCANVAS_MODEL, else the "
                         "built Gemma-3-270M conversion, building it if its packages are installed, else canvas-6m)")
-    parser.add_argument("--mode", choices=("diffusion", "ar"), default="diffusion")
+    parser.add_argument("--mode", choices=("diffusion", "ar"), default=None,
+                        help="default: the model's default mode for an infill ([[...]]) or a continuation")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: one canvas")
     model_default = "default: the model's generation_config.json"
     parser.add_argument("--max-steps", type=int, default=None, help=model_default)
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from canvas.engine import Engine, Frame, GenRequest
     from canvas.model_resolve import ModelUnavailable, resolve_model
+    from canvas.modes import load_mode_defaults
     from canvas.sampler import load_sampler_defaults
 
     try:
@@ -99,13 +103,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         given = {"max_steps": args.max_steps, "entropy_bound": args.entropy_bound, "t_max": args.t_max,
                  "t_min": args.t_min}
-        config = dataclasses.replace(load_sampler_defaults(model_dir), seed=args.seed, mode=args.mode,
-                                     **{k: v for k, v in given.items() if v is not None})
         text, spans = parse_masks(args.prompt)
+        config = dataclasses.replace(load_sampler_defaults(model_dir), seed=args.seed,
+                                     **{k: v for k, v in given.items() if v is not None})
         if spans and args.max_new_tokens is not None:
             raise ValueError("--max-new-tokens is for a continuation; an infill fills the [[...]] spans")
         if spans:
             return _infill(model_dir, text, spans, config, args)
+        args.mode = load_mode_defaults(model_dir).resolve(args.mode, "continuation")
+        config = dataclasses.replace(config, mode=args.mode)
         model, tok, ids = load(model_dir)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -169,6 +175,8 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
               "tokens", file=sys.stderr)  # fmt: skip
         return 2
     view = doc.canvas_view()
+    args.mode = backend.mode_for(args.mode, view.pinned)  # a span at the very end is a continuation
+    config = dataclasses.replace(config, mode=args.mode)
     live = _live(args)
 
     def on_event(event: object) -> None:

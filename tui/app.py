@@ -32,7 +32,7 @@ from tui.messages import Connected, Connecting, Disconnected
 from tui.screens.help import HelpScreen
 from tui.screens.main import MainScreen
 from tui.screens.settings import SettingsScreen
-from tui.settings import Settings, load_settings, save_settings
+from tui.settings import Settings, load_settings, mode_label, save_settings
 from tui.textfile import TextFile, TextFileError
 
 log = logging.getLogger("tui")
@@ -53,6 +53,8 @@ class DcanvasApp(App[int]):
             "Settings",
             tooltip="Generation settings: mode, max steps, entropy bound, temperatures, seed, gap size",
         ),
+        Binding("f8", "toggle_diffusion", "Diffusion", tooltip="Diffusion decoder on / off (off: the model's default "
+                "mode; the converted model's diffusion decoder is untrained for denoising)"),
     ]
 
     def __init__(
@@ -170,18 +172,27 @@ class DcanvasApp(App[int]):
             return
 
         def answer(result: Settings | None) -> None:
-            if result is None:
-                return
-            self.settings = result
-            self._main.set_run(mode=result.mode)
-            self._main.update_status()
-            try:
-                where = save_settings(result, self.settings_path)
-                self.notify(f"Settings saved to {where}.")
-            except OSError as e:
-                self.notify(f"Settings apply now but could not be saved: {e}", severity="warning")
+            if result is not None:
+                self._apply_settings(result)
 
         self.push_screen(SettingsScreen(self.settings), answer)
+
+    def action_toggle_diffusion(self) -> None:
+        """One key between the diffusion decoder and the model's default mode (saved like any setting)."""
+        mode = None if self.settings.mode == "diffusion" else "diffusion"
+        self._apply_settings(self.settings.model_copy(update={"mode": mode}), quiet=True)
+        self.notify(f"Mode: {mode_label(mode)}.")
+
+    def _apply_settings(self, result: Settings, *, quiet: bool = False) -> None:
+        self.settings = result
+        self._main.set_run(mode=mode_label(result.mode))
+        self._main.update_status()
+        try:
+            where = save_settings(result, self.settings_path)
+            if not quiet:
+                self.notify(f"Settings saved to {where}.")
+        except OSError as e:
+            self.notify(f"Settings apply now but could not be saved: {e}", severity="warning")
 
     async def action_quit(self) -> None:
         if self._main.is_mounted and self._main.dirty and time.monotonic() - self._quit_armed > QUIT_CONFIRM_S:

@@ -4,7 +4,7 @@ The file is `$XDG_CONFIG_HOME/dcanvas/tui.json` (`~/.config/dcanvas/tui.json` wh
 untrusted input, so it is parsed with pydantic: unknown keys are dropped, a bad value makes `load_settings` fall
 back to the defaults and report why (the editor shows it; it never fails to start over its settings). The
 generation fields mirror `canvas.protocol.GenParams` with the same bounds and defaults (a sampler field left empty
-takes the model's own default, which the server fills in and echoes).
+takes the model's own default, which the server fills in and echoes; so does the mode).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ CONFIG_NAME = "tui.json"
 class Settings(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=True)
 
-    mode: Literal["diffusion", "ar"] = "diffusion"
-    """Block diffusion, or left-to-right next-token decoding (to compare)."""
+    mode: Literal["diffusion", "ar"] | None = None
+    """None: the model's default mode for the request (infill or continuation; the server resolves it); "diffusion":
+    the diffusion decoder (untrained for denoising on the converted model); "ar": left to right, suffix-aware."""
     max_steps: Annotated[int, Field(ge=1, le=256)] | None = None
     """Most denoising steps of one generation (None: the model's default)."""
     entropy_bound: Annotated[float, Field(gt=0, le=1e6)] | None = None
@@ -93,3 +94,15 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+MODE_LABELS: dict[str | None, str] = {
+    None: "model default",
+    "diffusion": "diffusion (untrained decoder)",
+    "ar": "AR (left to right)",
+}
+
+
+def mode_label(mode: str | None) -> str:
+    """How the editor names a mode setting (the status bar, the settings form)."""
+    return MODE_LABELS.get(mode, str(mode))

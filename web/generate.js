@@ -13,6 +13,9 @@ import { RunView } from "./runview.js";
 
 const $ = (id) => document.getElementById(id);
 const TITLES = { [MODE.DIFFUSION]: "Diffusion", [MODE.AR]: "Autoregressive" };
+// The mode select's labels: diffusion says what it is (the converted model's decoder is untrained for denoising).
+const OPTION_LABELS = { [MODE.DIFFUSION]: "Diffusion (untrained decoder)", [MODE.AR]: "Autoregressive" };
+const DEFAULT_MODE = ""; // the select's value for "the model's default" (`params.mode` left out)
 
 export class Generator {
   constructor(app) {
@@ -38,18 +41,26 @@ export class Generator {
     $("compare").addEventListener("change", () => this.refreshControls(this.app.doc !== null));
   }
 
-  /** Offer the modes the model has (from `welcome.model.modes`). */
-  setModes(modes) {
+  /**
+   * Offer the model's default (first: a request that names no mode gets the model's default for its kind, from
+   * `welcome.model.default_modes`) and the modes the model has (`welcome.model.modes`).
+   */
+  setModes(modes, defaults) {
     const select = $(`param-${GEN_PARAM.MODE}`);
     const keep = select.value;
     select.replaceChildren();
-    for (const m of modes) {
+    const name = (m) => (TITLES[m] || m).toLowerCase();
+    const described = defaults
+      ? ` (infill: ${name(defaults.infill)}, continuation: ${name(defaults.continuation)})`
+      : "";
+    const options = [[DEFAULT_MODE, `Model default${described}`], ...modes.map((m) => [m, OPTION_LABELS[m] || m])];
+    for (const [value, label] of options) {
       const opt = document.createElement("option");
-      opt.value = m;
-      opt.textContent = TITLES[m] || m;
+      opt.value = value;
+      opt.textContent = label;
       select.append(opt);
     }
-    if (modes.includes(keep)) select.value = keep;
+    if (keep === DEFAULT_MODE || modes.includes(keep)) select.value = keep;
     const both = modes.includes(MODE.DIFFUSION) && modes.includes(MODE.AR);
     $("compare").disabled = !both;
     if (!both) $("compare").checked = false;
@@ -69,7 +80,8 @@ export class Generator {
       const v = $(`param-${field}`).value.trim();
       return v === "" ? null : Number(v);
     };
-    params[GEN_PARAM.MODE] = $(`param-${GEN_PARAM.MODE}`).value;
+    const mode = $(`param-${GEN_PARAM.MODE}`).value;
+    if (mode !== DEFAULT_MODE) params[GEN_PARAM.MODE] = mode; // left out: the server resolves the model's default
     for (const field of [GEN_PARAM.MAX_STEPS, GEN_PARAM.ENTROPY_BOUND, GEN_PARAM.T_MAX, GEN_PARAM.T_MIN]) {
       const v = num(field);
       if (v !== null) params[field] = v;
@@ -106,7 +118,8 @@ export class Generator {
         }
         if (first && second) this.summarise(first, second);
       } else {
-        this.views[0].setTitle(TITLES[params[GEN_PARAM.MODE]] || params[GEN_PARAM.MODE]);
+        const mode = params[GEN_PARAM.MODE];
+        this.views[0].setTitle(mode === undefined ? "Model default" : TITLES[mode] || mode);
         await this.runOne(this.views[0], params);
       }
     } finally {

@@ -95,9 +95,11 @@ EDIT_OP: TypeAdapter[EditOp] = TypeAdapter(EditOp)
 
 class GenParams(_Model):
     """Sampler parameters of one generation. A sampler field left out (None) takes the model's default (its
-    `generation_config.json`, announced in `welcome.model.defaults`); `gen.accepted` echoes the resolved values."""
+    `generation_config.json`, announced in `welcome.model.defaults`); `gen.accepted` echoes the resolved values.
+    `mode` left out takes the model's default mode for the request's kind (`welcome.model.default_modes`): infill
+    when the canvas has pinned text after a free slot, else continuation."""
 
-    mode: Mode = "diffusion"
+    mode: Mode | None = None
     max_steps: Annotated[int, Field(ge=1, le=256)] | None = None
     entropy_bound: Annotated[float, Field(gt=0, le=1e6)] | None = None
     t_max: Annotated[float, Field(ge=0, le=100)] | None = None
@@ -271,10 +273,19 @@ class ServerInfo(_Model):
     version: str
 
 
+class DefaultModes(_Model):
+    """The mode a `gen.start` without one runs in, per kind: infill (and rewrite), or continuation."""
+
+    infill: Mode = "diffusion"
+    continuation: Mode = "diffusion"
+
+
 class ModelInfo(_Model):
     name: str
     canvas_length: Annotated[int, Field(ge=1)]
     modes: list[Mode]
+    # A server that predates default modes sends none: it ran diffusion when a request named no mode.
+    default_modes: DefaultModes = Field(default_factory=DefaultModes)
     # A server that predates model defaults sends none: it used the reference defaults.
     defaults: GenDefaults = Field(
         default_factory=lambda: GenDefaults(max_steps=48, entropy_bound=0.1, t_max=0.8, t_min=0.4)

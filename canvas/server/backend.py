@@ -6,14 +6,16 @@ Owns `Backend` (one per server: one engine, shared by every session) and its loa
 the TUI's and the web page's tests can run a real server (model, engine, sampler) on a CPU in seconds.
 
 The model's sampler defaults come from its `generation_config.json` (as transformers' `generate` reads them);
-a request's explicit parameters override them. The BOS token (when the tokenizer has one) is prepended to every
-context, as the tokenizer itself does when it encodes a prompt; `<null>` (when present) lets an infill come out
-shorter than its gap; EOS ends a region.
+a request's explicit parameters override them. Its default mode per kind of request (`canvas.modes`) comes from
+`dcanvas_sampler.json`; a request that names a mode gets it. The BOS token (when the tokenizer has one) is
+prepended to every context, as the tokenizer itself does when it encodes a prompt; `<null>` (when present) lets an
+infill come out shorter than its gap; EOS ends a region.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,8 @@ from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, P
 from canvas.engine import Engine, GenRequest
 from canvas.model.config import ModelConfig
 from canvas.model.cpu import DtypeChoice
-from canvas.sampler import SamplerConfig, load_sampler_defaults
+from canvas.modes import Kind, ModeDefaults, load_mode_defaults, request_kind
+from canvas.sampler import Mode, SamplerConfig, load_sampler_defaults
 
 # A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
 _TINY_TEXT = """\
@@ -46,6 +49,7 @@ class Backend:
     null_id: int | None
     modes: tuple[str, ...] = ("diffusion", "ar")
     sampler_defaults: SamplerConfig = field(default_factory=SamplerConfig)  # the model's generation_config.json
+    mode_defaults: ModeDefaults = field(default_factory=ModeDefaults)  # its default mode per kind of request
     _decoded: dict[int, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -61,6 +65,11 @@ class Backend:
         if text is None:
             text = cache[token] = self.tokenizer.decode([token])
         return text
+
+    def mode_for(self, mode: Mode | None, kind: Kind | Sequence[bool]) -> Mode:
+        """The mode a request runs in: `mode` when it names one, else the model's default for its kind (given, or
+        read from the canvas's pinned flags)."""
+        return self.mode_defaults.resolve(mode, kind if isinstance(kind, str) else request_kind(kind))
 
     def document_config(self) -> DocumentConfig:
         return DocumentConfig(canvas_length=self.canvas_length, max_undo=200)
@@ -117,7 +126,7 @@ def load_frontend(model_dir: str | Path) -> Backend:
     bos_id, eos_id, null_id = _special_ids(tok, config)
     return Backend(name=config.name or path.name, local_engine=None, tokenizer=HFTokenizer(tok),
                    canvas_length=config.canvas_length, bos_id=bos_id, eos_id=eos_id, null_id=null_id,
-                   sampler_defaults=load_sampler_defaults(path))
+                   sampler_defaults=load_sampler_defaults(path), mode_defaults=load_mode_defaults(path))
 
 
 def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoice = "auto",
@@ -152,6 +161,7 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
         eos_id=eos_id,
         null_id=null_id,
         sampler_defaults=sampler_defaults,
+        mode_defaults=load_mode_defaults(path),
     )
 
 

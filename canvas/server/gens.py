@@ -42,7 +42,7 @@ from canvas.protocol import (
     ProtocolError,
     SlotUpdate,
 )
-from canvas.sampler import SamplerConfig
+from canvas.sampler import Mode, SamplerConfig
 from canvas.server.admission import Busy
 from canvas.server.rebase import Change, conflicts, rebase_range
 from canvas.server.state import LiveDoc, PendingProposal, RecentOutcomes, Session
@@ -53,15 +53,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("canvas.server")
 
 
-def resolve_params(p: GenParams, defaults: SamplerConfig) -> tuple[GenParams, SamplerConfig]:
-    """Fill what the client left out (the model's defaults, a fresh seed); the params echo the resolved values."""
+def resolve_params(p: GenParams, defaults: SamplerConfig, mode: Mode) -> tuple[GenParams, SamplerConfig]:
+    """Fill what the client left out (the model's defaults, a fresh seed; `mode`, the request's mode as the backend
+    resolved it, when it named none); the params echo the resolved values."""
     d = defaults
     update: dict[str, object] = {k: getattr(d, k) for k in GenDefaults.model_fields if getattr(p, k) is None}
+    if p.mode is None:
+        update["mode"] = mode
     if p.seed is None:
         update["seed"] = secrets.randbits(63)
     params = p.model_copy(update=update) if update else p
     assert params.max_steps is not None and params.entropy_bound is not None
-    assert params.t_max is not None and params.t_min is not None
+    assert params.t_max is not None and params.t_min is not None and params.mode is not None
     if params.t_max < params.t_min:  # one given, the other a default
         raise ProtocolError(ErrorCode.INVALID_PARAMS, f"t_max ({params.t_max}) must be >= t_min ({params.t_min})")
     config = dataclasses.replace(d, max_steps=params.max_steps, entropy_bound=params.entropy_bound,
@@ -125,7 +128,8 @@ class Generations:
                 raise ProtocolError(
                     ErrorCode.CONFLICT, "nothing to generate: mask some text or insert a gap in the canvas window"
                 )
-            params, config = resolve_params(msg.params, hub.backend.sampler_defaults)  # may refuse: before stopping
+            mode = hub.backend.mode_for(msg.params.mode, view.pinned)
+            params, config = resolve_params(msg.params, hub.backend.sampler_defaults, mode)  # may refuse: first
             old: Run | None = live.run
             region = (min(r.char_start for r in view.free_regions), max(r.char_end for r in view.free_regions))
             run = Run("g-" + secrets.token_hex(6), session, live, msg.id, params, doc.version, region, view.pinned)

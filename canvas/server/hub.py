@@ -35,6 +35,7 @@ from canvas.protocol import (
     PROTOCOL,
     Ack,
     ClientRequest,
+    DefaultModes,
     DocClose,
     DocDelete,
     DocDeleted,
@@ -299,6 +300,7 @@ class Hub:
             model=ModelInfo(
                 name=b.name, canvas_length=b.canvas_length, modes=list(b.modes),  # type: ignore[arg-type]
                 defaults=GenDefaults(**{k: getattr(d, k) for k in GenDefaults.model_fields}),
+                default_modes=DefaultModes(infill=b.mode_defaults.infill, continuation=b.mode_defaults.continuation),
             ),
             limits=self.limits.to_wire(),
         )

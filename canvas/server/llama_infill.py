@@ -11,8 +11,9 @@ and the slot and cache hints; a field that could not be ignored without changing
 `json_schema`, `n_probs`, `logit_bias`, `lora`, ...) is refused with a 400. Supported: `n_indent` (the text ends
 at the first later line indented less), `t_max_predict_ms` (after that long, the first draft holding a newline is
 taken as the result), `stop`, `seed`, `temperature`, `stream` and `response_fields` (paths such as
-`timings/prompt_n` become top-level keys, as llama.vim reads them). Responses are compact JSON: llama.vim matches
-`"content":"` literally. The budget, seed, time limit and refused fields are shared with the OpenAI routes
+`timings/prompt_n` become top-level keys, as llama.vim reads them), and our extension `dcanvas: {mode}` (left
+out: the model's default mode for an infill). Responses are compact JSON: llama.vim matches `"content":"`
+literally. The budget, seed, time limit and refused fields are shared with the OpenAI routes
 (`canvas.server.llama_fields`). The field table is docs/openai-llama.md.
 """
 
@@ -26,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from canvas.sampler import Mode
 from canvas.server.http_api import ClientGone, HttpApi, Refusal, sse
 from canvas.server.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
 from canvas.server.textgen import CutRule, Plan, TextTask, plan, sampler_config
@@ -36,6 +38,13 @@ class ExtraChunk(BaseModel):
     model_config = ConfigDict(extra="ignore")
     text: str = ""
     filename: str = ""  # not used: the model has no file-separator tokens
+
+
+class InfillExtension(BaseModel):
+    """`dcanvas`: settings of ours that llama.cpp has no field for."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Mode | None = None  # "diffusion" or "ar"; None: the model's default for an infill (or a continuation)
 
 
 class InfillRequest(BaseModel):
@@ -53,6 +62,7 @@ class InfillRequest(BaseModel):
     t_max_predict_ms: int = Field(default=0, ge=0)
     n_indent: int = Field(default=0, ge=0)
     response_fields: list[str] | None = None
+    dcanvas: InfillExtension | None = None
     # Refused unless absent or neutral.
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
@@ -105,11 +115,13 @@ def _task(api: HttpApi, req: InfillRequest) -> TextTask:
     extra = "".join(c.text if c.text.endswith("\n") or not c.text else c.text + "\n" for c in req.input_extra)
     before = extra + req.input_prefix + req.prompt
     api.check_text(before, req.input_suffix)
+    infill = bool(req.input_suffix)
     asked = req.n_predict if req.n_predict is not None else req.max_tokens
-    budget = llama_budget(-1 if asked is None else asked, infill=bool(req.input_suffix),
+    budget = llama_budget(-1 if asked is None else asked, infill=infill,
                           canvas_length=api.backend.canvas_length, max_canvases=api.limits.max_canvases)
     try:
-        config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature)
+        mode = api.backend.mode_for(req.dcanvas.mode if req.dcanvas else None, "infill" if infill else "continuation")
+        config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature, mode=mode)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
     seed = llama_seed(req.seed)
@@ -141,7 +153,7 @@ def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish
     cfg = task.config
     settings = {"n_predict": task.max_tokens, "temperature": cfg.t_max, "seed": task.seed if task.seed is not None
                 else -1, "stop": list(task.stop), "n_indent": req.n_indent, "t_max_predict_ms": req.t_max_predict_ms,
-                "stream": req.stream, "max_steps": cfg.max_steps, "entropy_bound": cfg.entropy_bound,
+                "stream": req.stream, "max_steps": cfg.max_steps, "entropy_bound": cfg.entropy_bound, "mode": cfg.mode,
                 "gap_min_fill": p.request.config.gap_min_fill}  # fmt: skip
     return {
         "index": 0, "content": f.text, "tokens": [], "id_slot": 0, "stop": True, "model": api.backend.name,

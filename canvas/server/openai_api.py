@@ -10,7 +10,8 @@ object (the response would have to contain or honour something a diffusion canva
 Streaming sends `data: {...}` chunks and `data: [DONE]`. Diffusion has no token order, so a chunk's text is only
 text that has become final (a committed canvas); between commits, chunks with empty text carry the extension field
 `dcanvas: {draft, step, max_steps, canvas}` on the choice (turn it off with `"dcanvas": {"draft": false}`).
-The request's own extension object `dcanvas` also takes `max_steps` and `entropy_bound`.
+The request's own extension object `dcanvas` also takes `max_steps`, `entropy_bound` and `mode` (left out: the
+model's default mode for an infill, with a suffix, or for a continuation).
 
 llama.cpp's server takes its own fields on these routes, and its clients send them: they are honoured, ignored by
 name or refused as `canvas.server.llama_fields` says (an unknown name is still refused). A chat request in
@@ -31,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from canvas.sampler import Mode
 from canvas.server.http_api import ClientGone, HttpApi, Refusal, sse
 from canvas.server.llama_fields import (
     REFUSED,
@@ -70,6 +72,7 @@ class Extension(_Wire):
     max_steps: int | None = Field(default=None, ge=1, le=1024)  # denoising steps per canvas (default: the model's)
     entropy_bound: float | None = Field(default=None, gt=0, le=1e6)  # higher: more slots accepted per step
     draft: bool = True  # streamed chunks between commits carry the current draft
+    mode: Mode | None = None  # "diffusion" or "ar"; None: the model's default for an infill (suffix) or continuation
 
 
 class StreamOptions(_Wire):
@@ -218,7 +221,8 @@ def _task(api: HttpApi, req: _Common, prompt: str, suffix: str | None, max_token
     api.check_text(prompt, suffix)
     try:
         config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature, max_steps=ext.max_steps,
-                                entropy_bound=ext.entropy_bound)
+                                entropy_bound=ext.entropy_bound,
+                                mode=api.backend.mode_for(ext.mode, "infill" if infill else "continuation"))
     except ValueError as e:
         raise Refusal(400, str(e)) from None
     cut = indent_rule(req.n_indent) if req.n_indent > 0 else None

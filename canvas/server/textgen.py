@@ -27,7 +27,7 @@ from typing import Any, Literal
 from canvas.document import Atom, atoms_from_ids
 from canvas.document.tokenizer import INCOMPLETE
 from canvas.engine import GenRequest
-from canvas.sampler import SamplerConfig
+from canvas.sampler import Mode, SamplerConfig
 from canvas.server.backend import Backend
 
 _MIN_TEMPERATURE = 0.01  # "temperature 0": near-greedy; far above 0 so banned logits (-1e4) stay far below
@@ -74,10 +74,11 @@ class Plan:
 
 
 def sampler_config(defaults: SamplerConfig, *, temperature: float | None = None, max_steps: int | None = None,
-                   entropy_bound: float | None = None) -> SamplerConfig:
+                   entropy_bound: float | None = None, mode: Mode | None = None) -> SamplerConfig:
     """The model's sampler defaults with a request's settings. `temperature` is where the annealed schedule starts
-    (t_max); its end keeps the model's t_min / t_max ratio; 0 is near-greedy. Raises ValueError on bad values."""
-    fields: dict[str, Any] = {}
+    (t_max); its end keeps the model's t_min / t_max ratio; 0 is near-greedy; `mode` is the resolved mode
+    (`Backend.mode_for`). Raises ValueError on bad values."""
+    fields: dict[str, Any] = {} if mode is None else {"mode": mode}
     if temperature is not None:
         t_max = max(float(temperature), _MIN_TEMPERATURE)
         fields["t_max"] = t_max

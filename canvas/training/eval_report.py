@@ -1,6 +1,8 @@
 """Markdown for `dcanvas eval`: the tables of the model card and BENCHMARKS.md, from the eval's JSON result.
 
-`markdown(result)` renders the per-task table (diffusion and AR), the quality-speed sweep and the targets;
+`markdown(result)` renders the per-task table (every variant: fill and seam ratios, repetition beside the human
+text's, null share, seconds; degenerate runs flagged), the headline (the default modes), the quality-speed sweep
+and the targets;
 `card_metrics(result)` is the flat `{metric: value}` the exporter's model card takes; `card_section` and
 `update_card` put a whole evaluation into a model card (`dcanvas eval --card`). All read only the JSON that
 `canvas.training.evaluate.evaluate` returns, so a saved `--out` file can be rendered again later.
@@ -23,36 +25,46 @@ def _f(value: float, digits: int = 2) -> str:
 
 
 def _pct(value: float) -> str:
-    return f"{100 * value:.0f}%"
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from canvas.training.eval_metrics import FILL_RANGE, REPEAT_POINTS, SEAM_MAX, speed_bound
+
     cfg = result["config"]
+    lo, hi = FILL_RANGE
+    bounds = ", ".join(f"{t}: {b:g} s" for t in (f"infill-{g}" for g in cfg["gaps"])
+                       if (b := speed_bound(t, cfg.get("speed_scale", 1.0))) is not None)  # fmt: skip
     lines = [
         f"## Evaluation of `{result['model']}`",
         "",
-        f"Judge: {result['judge']}; judge perplexity of the produced text in its context (for infill: the fill "
-        f"plus the first {cfg['seam_tokens']} judge tokens after it), pooled over samples; ratio = model / the "
-        f"human text it replaces (1.0 is human-like). Validation split, seed {cfg['seed']}, canvas "
+        f"Judge: {result['judge']}; judge perplexity pooled over samples, ratio = model / the human text it replaces "
+        f"(1.0 is human-like): the fill in its context, and the seam, the first {cfg['seam_tokens']} judge tokens "
+        f"after an infill. Held-out text {result.get('data', '')}, seed {cfg['seed']}, canvas "
         f"{result['canvas_length']} tokens, batch 1, context encoding included in s/canvas.",
         "",
-        "| task | mode | steps / bound | n | judge ppl | human ppl | ratio | span-only ratio | tokens/forward "
-        "| s/canvas | steps | null slots | exact length | repeated 4-grams |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"Targets: fill ratio {lo:g}-{hi:g} (below {lo:g} with more repetition than the human text is degenerate, "
+        f"flagged), seam ratio <= {SEAM_MAX:g}, repeated 4-grams within {100 * REPEAT_POINTS:.0f} points of the human "
+        f"text's, seconds per infill ({bounds}).",
+        "",
+        "| task | variant | steps / bound | n | fill ratio | seam ratio | repeated 4-grams (human) | null slots "
+        "| s/canvas | tokens/forward | steps | exact length | fill+seam ratio | flag |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in result["results"]:
-        ar = p["mode"] == "ar"
-        settings = "greedy" if ar else f"{p['max_steps']} / {p['entropy_bound']:g}"
-        span_ratio = p["span_ppl"] / p["span_ppl_human"] if p["span_ppl_human"] else float("nan")
+        settings = "" if p["mode"] == "ar" else f"{p['max_steps']} / {p['entropy_bound']:g}"
+        flag = "**degenerate**" if p["degenerate"] else ""
         lines.append(
-            f"| {p['task']} | {p['mode']} | {settings} | {p['samples']} | {_f(p['judge_ppl'], 1)} | "
-            f"{_f(p['judge_ppl_human'], 1)} | {_f(p['ratio'])} | {_f(span_ratio)} | {_f(p['tokens_per_forward'])} | "
-            f"{_f(p['seconds_per_canvas'])} | {_f(p['steps_per_canvas'], 1)} | {_pct(p['null_share'])} | "
-            f"{_pct(p['exact_length'])} | {_pct(p['repeat_4gram'])} |"
+            f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | {_f(p['fill_ratio'])} | "
+            f"{_f(p['seam_ratio'])} | {_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
+            f"{_pct(p['null_share'])} | {_f(p['seconds_per_canvas'])} | {_f(p['tokens_per_forward'])} | "
+            f"{_f(p['steps_per_canvas'], 1)} | {_pct(p['exact_length'])} | {_f(p['ratio'])} | {flag} |"
         )
-    lines += ["", f"Headline: infill ratio {_f(result['judge_ppl_ratio_infill'])}, continuation ratio "
-              f"{_f(result['judge_ppl_ratio_continuation'])}, {_f(result['tokens_per_forward'])} tokens/forward, "
-              f"{_f(result['seconds_per_canvas'])} s/canvas (diffusion continuation)."]  # fmt: skip
+    modes = result["headline_variants"]
+    lines += ["", f"Headline (the model's default modes: infill {modes['infill']}, continuation "
+              f"{modes['continuation']}): infill fill ratio {_f(result['fill_ratio_infill'])}, seam ratio "
+              f"{_f(result['seam_ratio_infill'])}; continuation fill ratio {_f(result['fill_ratio_continuation'])}, "
+              f"{_f(result['tokens_per_forward'])} tokens/forward, {_f(result['seconds_per_canvas'])} s/canvas."]
     sweep = result.get("sweep")
     if sweep:
         ref, best = sweep["reference"], sweep["best_within_10pct"]
@@ -73,18 +85,31 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"Reference: {ref['max_steps']} steps, bound {ref['entropy_bound']:g}. Fastest within 10% of "
                   f"its judge perplexity: {best['max_steps']} steps, bound {best['entropy_bound']:g}, "
                   f"{_f(best['tokens_per_forward'])} tokens/forward."]  # fmt: skip
-    lines += ["", "### Targets", "", "| target | measured | met |", "|---|---:|---|"]
+    choice = result.get("defaults_choice")
+    if choice:
+        kinds = ("infill", "continuation")
+        picked = ", ".join(f"{k} {choice[k]['variant'] if choice[k] else 'unchanged'}" for k in kinds)
+        slow = [k for k in kinds if choice[k] is not None and not choice[k]["within_speed"]]
+        lines += ["", f"Defaults chosen ({picked}) and written: {result['defaults_written']}"
+                  + (f"; no variant met the speed bounds for {', '.join(slow)}" if slow else "") + "."]
+    lines += ["", "### Targets (the default modes)", "", "| task | variant | target | measured | met |",
+              "|---|---|---|---:|---|"]  # fmt: skip
     for t in result["targets"]:
         where = f" ({t['at']})" if "at" in t else ""
-        lines.append(f"| {t['target']} | {_f(t['measured'])}{where} | {'yes' if t['met'] else '**no**'} |")
+        measured = _pct(t["measured"]) if "4-grams" in t["target"] else _f(t["measured"])
+        lines.append(f"| {t['task']} | {t['variant']} | {t['target']} | {measured}{where} | "
+                     f"{'yes' if t['met'] else '**no**'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def card_metrics(result: dict[str, Any]) -> dict[str, str]:
     """Flat metric -> value (formatted) for the exporter's model card table."""
-    out: dict[str, str] = {k: _f(result[k]) for k in ("judge_ppl_ratio_infill", "judge_ppl_ratio_continuation",
-                                      "judge_ppl_ratio_infill_ar", "judge_ppl_ratio_continuation_ar",
-                                      "tokens_per_forward", "seconds_per_canvas") if k in result}  # fmt: skip
+    keys = ("judge_ppl_ratio_infill", "fill_ratio_infill", "seam_ratio_infill", "judge_ppl_ratio_continuation",
+            "fill_ratio_continuation", "judge_ppl_ratio_infill_ar", "judge_ppl_ratio_continuation_ar",
+            "tokens_per_forward", "seconds_per_canvas")  # fmt: skip
+    out: dict[str, str] = {k: _f(result[k]) for k in keys if k in result}
+    if "headline_variants" in result:
+        out["default_modes"] = ", ".join(f"{k} {v}" for k, v in result["headline_variants"].items())
     sweep = result.get("sweep")
     if sweep:
         best = sweep["best_within_10pct"]
@@ -101,9 +126,14 @@ def card_section(result: dict[str, Any], command: str) -> str:
     lines = [f"`{command}` ({result['wall_s']:.0f} s, {result.get('threads', '?')} threads):", "", tables, ""]
     written = result.get("defaults_written")
     if written:
-        lines += [f"Defaults written to `generation_config.json`: **{written['max_steps']} steps, entropy bound "
-                  f"{written['entropy_bound']:g}** (the fastest sweep point within 10% of the best judge perplexity).",
-                  ""]  # fmt: skip
+        modes = f"infill **{written['default_mode_infill']}**, continuation **{written['default_mode_continuation']}**"
+        ar = ", ".join(f"{k} {written[k]}" for k in ("ar_drafts", "ar_seam_tokens") if k in written)
+        lines += [f"Defaults written: modes {modes}{f' ({ar})' if ar else ''} (`dcanvas_sampler.json`: the best "
+                  "quality within the speed bounds, by the rule of `canvas.training.eval_choice`)."]
+        if "max_steps" in written:
+            lines += [f"Sampler: **{written['max_steps']} steps, entropy bound {written['entropy_bound']:g}** "
+                      "(`generation_config.json`: the fastest sweep point within 10% of the best judge perplexity)."]
+        lines.append("")
     examples = result.get("examples") or []
     if examples:
         cfg = result["config"]
@@ -111,10 +141,9 @@ def card_section(result: dict[str, Any], command: str) -> str:
                   f"{cfg['entropy_bound']:g}; `[[...]]` is the model's text, `{{...}}` the human text it replaces):",
                   "", "```"]  # fmt: skip
         for ex in examples:
-            for mode in ("diffusion", "ar"):
-                if mode in ex:
-                    text = f"...{ex['before'][-160:]}[[{ex[mode]}]]{ex['after'][:80]}..."
-                    lines.append(f"{ex['task']} {mode}: {_one_line(text)}")
+            for variant, output in ex["outputs"].items():
+                text = f"...{ex['before'][-160:]}[[{output}]]{ex['after'][:80]}..."
+                lines.append(f"{ex['task']} {variant}: {_one_line(text)}")
             lines.append(f"{ex['task']} human: {{{_one_line(ex['human'])}}}")
         lines.append("```")
     return "\n".join(lines) + "\n"

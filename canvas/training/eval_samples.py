@@ -1,6 +1,7 @@
 """Validation passages laid out as `dcanvas eval` tasks: infill between pinned sides, and continuation.
 
-`read_documents` reads the corpus JSONL that `dcanvas data build` writes; `build_samples` cuts each document into
+`read_documents` reads the corpus JSONL that `dcanvas data build` writes, `read_texts` held-out text from outside
+the corpus (JSONL or plain text); `build_samples` cuts each document into
 non-overlapping passages at atom (whole-character token) boundaries, at most `chunks_per_doc` per document spread
 over it, shuffles them with the eval seed and keeps `samples` per task. A `Sample` is the text given to a
 `Document` and where its window starts (and, for infill, which characters are masked), so every run builds the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,31 @@ def read_documents(path: Path) -> list[tuple[str, str]]:
                 raise EvalError(f"{path}:{n}: not a corpus record with 'id' and 'text' ({exc})") from None
     if not docs:
         raise EvalError(f"{path} holds no documents")
+    return docs
+
+
+def read_texts(path: Path) -> list[tuple[str, str]]:
+    """(id, text) of held-out documents from outside the corpus: a `.jsonl` file with a `text` (and optionally an
+    `id`) per line, or plain text whose documents are separated by two or more blank lines (a file without them is
+    one document). Ids are `<file stem>:<n>` where the file gives none."""
+    if not path.is_file():
+        raise EvalError(f"--texts: {path} is not a file")
+    content = path.read_text(encoding="utf-8")
+    docs: list[tuple[str, str]] = []
+    if path.suffix == ".jsonl":
+        for n, line in enumerate(content.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                docs.append((str(rec.get("id", f"{path.stem}:{n}")), str(rec["text"])))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+                raise EvalError(f"{path}:{n}: not a JSON object with a 'text' ({exc})") from None
+    else:
+        parts = [p.strip() for p in re.split(r"\n[ \t]*\n(?:[ \t]*\n)+", content)]
+        docs = [(f"{path.stem}:{n}", p) for n, p in enumerate((p for p in parts if p), 1)]
+    if not docs:
+        raise EvalError(f"{path} holds no text")
     return docs
 
 

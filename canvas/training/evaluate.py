@@ -1,42 +1,48 @@
-"""`dcanvas eval`: infill, continuation and AR quality and speed of a model on the validation split.
+"""`dcanvas eval`: infill and continuation quality and speed of a model, per generation mode, on held-out text.
 
-Tasks, built with fixed seeds from validation documents (`build_samples`), each a `Document` run through an
-`Engine` exactly as the server runs it (`canvas_view()` -> `GenRequest` -> `make_proposal`):
+Tasks, built with fixed seeds from held-out documents (`build_samples`: the validation split, or `--texts FILE` for
+text outside the corpus), each a `Document` run through an `Engine` exactly as the server runs it (`canvas_view()`
+-> `GenRequest` -> `make_proposal`):
 - `infill-G`: `context_tokens` of context before the canvas window, then `side_tokens` pinned, G masked tokens
   (the gap), `side_tokens` pinned; the text ends there, so the model and the judge see the same text.
 - `continuation`: a `prompt_tokens` prompt, then one free canvas (`canvas_length` slots).
-Each runs in diffusion mode (the default sampler settings) and in AR mode (`SamplerConfig(mode="ar")`, greedy, as
-the server's AR mode); a sweep over entropy bound x step budget on `sweep_task` gives the quality-speed curve.
+Each runs in every variant of `cfg.modes` (diffusion with the model's sampler settings; AR once per combination of
+the AR settings asked for, `--ar-drafts 1,8`, or with the model's own); a sweep over entropy bound x step budget on
+`sweep_task` gives diffusion's quality-speed curve.
 
 Quality is judge perplexity (`canvas.training.judge`, SmolLM2-135M-Instruct by default) pooled over samples,
-exp(sum NLL / sum tokens), of the produced text in its context, against the same judge on the human text the
-canvas replaced: ratio = ppl(model) / ppl(human), 1.0 is human-like. For an infill the scored tokens are the fill
-*and the first `seam_tokens` judge tokens of the right context*: the span alone would reward a fill that ignores
-what follows (and an all-null fill would score nothing), while scoring the whole right side would dilute the
-ratio towards 1 with text both versions share. The span-only figures are reported too. Generative perplexity
-rewards repetition, so the share of repeated 4-grams is reported beside it.
+exp(sum NLL / sum tokens), of the produced text in its context against the same judge on the human text the canvas
+replaced, as two ratios (model / human, 1.0 is human-like): the *fill ratio* scores the generated tokens, and for
+an infill the *seam ratio* scores the first `seam_tokens` judge tokens of the right context after them (the
+`seam_nll`): a fill that ignores what follows makes that text surprising, which the fill alone never shows. A low
+fill ratio is not better than human: generative perplexity rewards repetition, so the share of repeated 4-grams is
+reported beside the human text's, and a fill ratio under 0.8 with more repetition than the human text is flagged
+degenerate (`canvas.training.eval_choice` holds the targets and the choice of the model's default mode).
 
 Speed: tokens per forward = free slots filled / model forwards; seconds per canvas = wall time from submit to
 done, context encoding included (the engine's context cache is off), at batch 1, after one warm-up canvas.
+The headline figures are those of the model's default mode for each kind of task (`canvas.modes`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import math
 import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from canvas.document import Document, Proposal
-from canvas.sampler import Mode, SamplerConfig, load_sampler_defaults
-from canvas.training.eval_samples import CONTINUATION, EvalError, Sample, build_samples, read_documents
-from canvas.training.judge import SpanScore, perplexity
+from canvas.modes import KINDS, MODES, Kind
+from canvas.sampler import Mode, SamplerConfig
+from canvas.training.eval_metrics import AR_SETTINGS, Point, Record, Variant, pool, repeated_4grams
+from canvas.training.eval_samples import CONTINUATION, EvalError, Sample, build_samples, read_documents, read_texts
+from canvas.training.judge import SpanScore
 
 if TYPE_CHECKING:
     from canvas.engine import Done, Engine
@@ -57,13 +63,17 @@ class EvalConfig:
     seed: int = 0  # picks the passages and seeds each sample's sampler (seed + sample index)
     max_steps: int = 48  # the main runs use the reference sampler defaults
     entropy_bound: float = 0.1
-    ar: bool = True  # also run every task in AR mode
+    modes: tuple[Mode, ...] = ("diffusion", "ar")  # every task runs in each
+    # AR settings to compare (each combination is one AR variant); empty: the model's own setting.
+    ar_drafts: tuple[int, ...] = ()
+    ar_seam_tokens: tuple[int, ...] = ()
     sweep_task: str = CONTINUATION  # the task the sweep runs on ("" for no sweep)
     sweep_bounds: tuple[float, ...] = (0.05, 0.1, 0.3, 1.0)
     sweep_steps: tuple[int, ...] = (8, 16, 48)
     sweep_samples: int = 8
-    seam_tokens: int = 16  # judge tokens of the right context scored with an infill (see the module docstring)
+    seam_tokens: int = 16  # judge tokens of the right context scored as an infill's seam (see the module docstring)
     chunks_per_doc: int = 4  # at most this many passages from one document, spread over it
+    speed_scale: float = 1.0  # multiplies the speed bounds of `eval_choice` (a slower machine than the target's)
 
     def __post_init__(self) -> None:
         if not self.gaps or any(g < 1 for g in self.gaps):
@@ -73,6 +83,12 @@ class EvalConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seam_tokens < 0 or self.sweep_samples < 0:
             raise ValueError("seam_tokens and sweep_samples must be >= 0")
+        if not self.modes or any(m not in MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"modes must be distinct ones of {MODES}, got {self.modes}")
+        if any(k < 1 for k in (*self.ar_drafts, *self.ar_seam_tokens)):
+            raise ValueError("ar_drafts and ar_seam_tokens must be >= 1")
+        if not self.speed_scale > 0:
+            raise ValueError(f"speed_scale must be > 0, got {self.speed_scale}")
         SamplerConfig(max_steps=self.max_steps, entropy_bound=self.entropy_bound)  # validates both
         for b in self.sweep_bounds:
             SamplerConfig(entropy_bound=b)
@@ -87,7 +103,23 @@ class EvalConfig:
 
     @property
     def sweeping(self) -> bool:
-        return bool(self.sweep_task and self.sweep_samples and self.sweep_bounds and self.sweep_steps)
+        return bool(self.sweep_task and self.sweep_samples and self.sweep_bounds and self.sweep_steps
+                    and "diffusion" in self.modes)  # fmt: skip
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        out: list[Variant] = []
+        for mode in self.modes:
+            if mode != "ar":
+                out.append(Variant(mode))
+                continue
+            for k, s in itertools.product(self.ar_drafts or (None,), self.ar_seam_tokens or (None,)):
+                out.append(Variant(mode, k, s))
+        return tuple(out)
+
+
+def task_kind(task: str) -> Kind:
+    return "continuation" if task == CONTINUATION else "infill"
 
 
 PRESETS: dict[str, EvalConfig] = {
@@ -99,81 +131,12 @@ PRESETS: dict[str, EvalConfig] = {
 
 
 # ---- running ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One canvas: what was generated, how, and how the judge scored it and the human text it replaced."""
-
-    task: str
-    mode: Mode
-    max_steps: int
-    entropy_bound: float
-    index: int
-    doc_id: str
-    slots: int  # free slots
-    kept_tokens: int  # generated tokens in the text (nulls dropped, cut at EOS)
-    nulls: int  # free slots that came out <null>
-    eos: bool  # an EOS ended the region early
-    steps: int
-    forwards: int
-    generated: int
-    wall_s: float
-    model: SpanScore
-    human: SpanScore
-    repeats: tuple[int, int]  # (repeated 4-grams, 4-grams) of the generated tokens
-    text: str = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """Pooled metrics of one (task, mode, sampler settings) over its samples."""
-
-    task: str
-    mode: Mode
-    max_steps: int
-    entropy_bound: float
-    samples: int
-    judge_ppl: float
-    judge_ppl_human: float
-    ratio: float
-    span_ppl: float
-    span_ppl_human: float
-    tokens_per_forward: float
-    seconds_per_canvas: float
-    steps_per_canvas: float
-    null_share: float  # free slots left null
-    exact_length: float  # share of canvases whose text fills every free slot (no null, no early EOS)
-    repeat_4gram: float
-
-
-def pool(records: Sequence[Record]) -> Point:
-    if not records:
-        raise EvalError("no records to pool")
-    r0 = records[0]
-
-    def ppl(scores: list[SpanScore], total: bool) -> float:
-        if total:
-            return perplexity(sum(s.total_nll for s in scores), sum(s.total_tokens for s in scores))
-        return perplexity(sum(s.nll for s in scores), sum(s.tokens for s in scores))
-
-    model, human = [r.model for r in records], [r.human for r in records]
-    p, ph = ppl(model, True), ppl(human, True)
-    forwards = sum(r.forwards for r in records)
-    grams = sum(r.repeats[1] for r in records)
-    n = len(records)
-    return Point(
-        r0.task, r0.mode, r0.max_steps, r0.entropy_bound, n, p, ph, p / ph if ph > 0 else math.nan,
-        ppl(model, False), ppl(human, False),
-        sum(r.generated for r in records) / forwards if forwards else 0.0,
-        sum(r.wall_s for r in records) / n, sum(r.steps for r in records) / n,
-        sum(r.nulls for r in records) / max(1, sum(r.slots for r in records)),
-        sum(r.nulls == 0 and not r.eos for r in records) / n,
-        sum(r.repeats[0] for r in records) / grams if grams else 0.0,
-    )  # fmt: skip
-
-
-def repeated_4grams(ids: Sequence[int]) -> tuple[int, int]:
-    grams = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
-    return len(grams) - len(set(grams)), len(grams)
+def check_variants(cfg: EvalConfig) -> None:
+    """Raise EvalError when an AR setting is asked for that this build's sampler does not have."""
+    known = {f.name for f in fields(SamplerConfig)}
+    for name in AR_SETTINGS:
+        if getattr(cfg, name) and name not in known:
+            raise EvalError(f"this sampler has no {name} setting (the suffix-aware AR infill is not in this build)")
 
 
 class Evaluator:
@@ -186,8 +149,8 @@ class Evaluator:
         self.backend, self.judge, self.cfg = backend, judge, cfg
         self.engine: Engine = Engine(backend.engine.model, max_batch=1, context_cache_size=0)
         self.progress = progress
-        self._records: dict[tuple[str, Mode, int, float, int], Record] = {}
-        self._human: dict[tuple[str, int], SpanScore] = {}
+        self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
+        self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int]]] = {}
 
     def warm_up(self, sample: Sample) -> None:
         self._generate(sample.document(self.backend), SamplerConfig(max_steps=2, seed=0))
@@ -208,16 +171,16 @@ class Evaluator:
         seam = self.cfg.seam_tokens if sample.gap is not None else 0
         return self.judge.score(full, proposal.start, proposal.start + len(new_text), seam_tokens=seam)
 
-    def record(self, sample: Sample, index: int, mode: Mode, max_steps: int, bound: float) -> Record:
-        key = (sample.task, mode, max_steps, bound, index)
+    def record(self, sample: Sample, index: int, variant: Variant, max_steps: int, bound: float) -> Record:
+        key = (sample.task, variant, max_steps, bound, index)
         if key in self._records:
             return self._records[key]
         if self.progress is not None:
-            self.progress(f"{sample.task} {mode} steps={max_steps} bound={bound} #{index}")
+            self.progress(f"{sample.task} {variant.label} steps={max_steps} bound={bound} #{index}")
         doc = sample.document(self.backend)
-        # The model's own defaults (temperatures, gap fill) with this point's step budget and bound.
+        # The model's own defaults (temperatures, gap fill, AR settings) with this point's budget, bound and variant.
         sampler = replace(self.backend.sampler_defaults, max_steps=max_steps, entropy_bound=bound,
-                          seed=self.cfg.seed + index, mode=mode)
+                          seed=self.cfg.seed + index, mode=variant.mode, **variant.settings())  # fmt: skip
         proposal, done, wall = self._generate(doc, sampler)
         region = proposal.regions[0]
         free_ids = done.canvases[0][region.slot_start : region.slot_end]
@@ -225,18 +188,21 @@ class Evaluator:
         hkey = (sample.task, index)
         if hkey not in self._human:
             human = proposal.old_text if sample.gap is not None else sample.reference
-            self._human[hkey] = self._score(sample, doc, proposal, human)
+            ids = self.backend.tokenizer.encode(human).ids
+            self._human[hkey] = self._score(sample, doc, proposal, human), repeated_4grams(ids)
+        human_score, human_repeats = self._human[hkey]
         rec = Record(
-            sample.task, mode, max_steps, bound, index, sample.doc_id, region.slot_end - region.slot_start,
+            sample.task, variant.mode, max_steps, bound, index, sample.doc_id, region.slot_end - region.slot_start,
             len(region.ids), sum(t == self.backend.null_id for t in free_ids), eos is not None and eos in free_ids,
             done.steps, done.forwards, done.generated, wall, self._score(sample, doc, proposal, region.text),
-            self._human[hkey], repeated_4grams(region.ids), region.text,
+            human_score, repeated_4grams(region.ids), human_repeats, region.text, variant.ar_drafts,
+            variant.ar_seam_tokens,
         )  # fmt: skip
         self._records[key] = rec
         return rec
 
-    def point(self, samples: Sequence[Sample], mode: Mode, max_steps: int, bound: float) -> Point:
-        return pool([self.record(s, i, mode, max_steps, bound) for i, s in enumerate(samples)])
+    def point(self, samples: Sequence[Sample], variant: Variant, max_steps: int, bound: float) -> Point:
+        return pool([self.record(s, i, variant, max_steps, bound) for i, s in enumerate(samples)])
 
     @property
     def records(self) -> list[Record]:
@@ -252,39 +218,68 @@ def sweep_summary(points: Sequence[Point]) -> dict[str, Any]:
     return {"reference": asdict(ref), "best_within_10pct": asdict(best), "points": [asdict(p) for p in points]}
 
 
+def default_variant(cfg: EvalConfig, mode: Mode, sampler: SamplerConfig) -> Variant | None:
+    """The variant that runs as the model runs by default in `mode`: its AR settings equal to the model's (or left
+    to it), else the first of that mode; None when `mode` was not run."""
+    ran = [v for v in cfg.variants if v.mode == mode]
+    own = [v for v in ran if all(getattr(sampler, k, None) == x for k, x in v.settings().items())]
+    found = own or ran
+    return found[0] if found else None
+
+
 def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cfg: EvalConfig,
              progress: Progress | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run every task (diffusion, AR) and the sweep; returns the JSON-ready result (see `run` for the keys)."""
+    """Run every task in every variant and the sweep; returns the JSON-ready result (see `run` for the keys)."""
+    from canvas.training.eval_metrics import headline, targets
+
     t0 = time.perf_counter()
+    check_variants(cfg)
     samples = build_samples(docs, backend, cfg)
     ev = Evaluator(backend, judge, cfg, progress)
     ev.warm_up(samples[cfg.tasks[0]][0])
-    modes: tuple[Mode, ...] = ("diffusion", "ar") if cfg.ar else ("diffusion",)
-    main = {(task, mode): ev.point(samples[task], mode, cfg.max_steps, cfg.entropy_bound)
-            for mode in modes for task in cfg.tasks}  # fmt: skip
+    main = {(task, v): ev.point(samples[task], v, cfg.max_steps, cfg.entropy_bound)
+            for v in cfg.variants for task in cfg.tasks}  # fmt: skip
     sweep: dict[str, Any] | None = None
     if cfg.sweeping:
         subset = samples[cfg.sweep_task][: cfg.sweep_samples]
-        pts = [ev.point(subset, "diffusion", s, b) for s in sorted(cfg.sweep_steps) for b in sorted(cfg.sweep_bounds)]
+        diffusion = Variant("diffusion")
+        pts = [ev.point(subset, diffusion, s, b) for s in sorted(cfg.sweep_steps) for b in sorted(cfg.sweep_bounds)]
         sweep = {"task": cfg.sweep_task, "samples": len(subset), **sweep_summary(pts)}
-    infill = [r for r in ev.records if r.task != CONTINUATION and r.mode == "diffusion"
-              and (r.max_steps, r.entropy_bound) == (cfg.max_steps, cfg.entropy_bound)]  # fmt: skip
-    cont = main[(CONTINUATION, "diffusion")]
-    result: dict[str, Any] = {
-        "model": backend.name,
-        "judge": judge.name,
-        "judge_ppl_ratio_infill": pool(infill).ratio,
+
+    def pooled(task_is_infill: bool, v: Variant) -> Point:
+        keep = [t for t in cfg.tasks if (t != CONTINUATION) == task_is_infill]
+        return pool([ev.record(s, i, v, cfg.max_steps, cfg.entropy_bound)
+                     for t in keep for i, s in enumerate(samples[t])])  # fmt: skip
+
+    defaults = backend.mode_defaults
+    result: dict[str, Any] = {"model": backend.name, "judge": judge.name,
+                              "default_modes": {"infill": defaults.infill, "continuation": defaults.continuation}}
+    # The headline: each kind's default mode, or the first mode run when the default was not.
+    shown: dict[Kind, Variant] = {}
+    for kind in KINDS:
+        mode = defaults.resolve(None, kind)
+        shown[kind] = default_variant(cfg, mode, backend.sampler_defaults) or cfg.variants[0]
+    inf, cont = pooled(True, shown["infill"]), main[(CONTINUATION, shown["continuation"])]
+    result |= {
+        "headline_variants": {k: v.label for k, v in shown.items()},
+        "judge_ppl_ratio_infill": inf.ratio,
+        "fill_ratio_infill": inf.fill_ratio,
+        "seam_ratio_infill": inf.seam_ratio,
         "judge_ppl_ratio_continuation": cont.ratio,
+        "fill_ratio_continuation": cont.fill_ratio,
         "tokens_per_forward": cont.tokens_per_forward,
         "seconds_per_canvas": cont.seconds_per_canvas,
     }
-    if cfg.ar:
-        ar_infill = [r for r in ev.records if r.task != CONTINUATION and r.mode == "ar"]
-        result["judge_ppl_ratio_infill_ar"] = pool(ar_infill).ratio
-        result["judge_ppl_ratio_continuation_ar"] = main[(CONTINUATION, "ar")].ratio
+    for mode in ("diffusion", "ar"):  # each mode's own pooled ratios, under keys earlier results used
+        v = default_variant(cfg, mode, backend.sampler_defaults)
+        if v is not None:
+            suffix = "_ar" if mode == "ar" else "_diffusion"
+            result[f"judge_ppl_ratio_infill{suffix}"] = pooled(True, v).ratio
+            result[f"judge_ppl_ratio_continuation{suffix}"] = main[(CONTINUATION, v)].ratio
     result["results"] = [asdict(p) for p in main.values()]
+    result["headline"] = headline(result["results"], result["headline_variants"])
     result["sweep"] = sweep
-    result["targets"] = targets(result)
+    result["targets"] = targets(result, cfg.speed_scale)
     result["config"] = asdict(cfg)
     result["canvas_length"] = backend.canvas_length
     result["examples"] = examples(ev.records, samples, cfg)
@@ -293,56 +288,18 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
     return result
 
 
-def operating_point(sweep: dict[str, Any]) -> dict[str, Any]:
-    """The sweep point to make a model's default: the fastest (most tokens per forward) whose judge perplexity is
-    within 10% of the best point's. Quality first, then speed; the reference settings get no special standing."""
-    points = sweep["points"]
-    best = min(p["judge_ppl"] for p in points)
-    good = [p for p in points if p["judge_ppl"] <= 1.1 * best]
-    return max(good, key=lambda p: (p["tokens_per_forward"], -p["judge_ppl"]))
-
-
-def write_defaults(model_dir: Path, point: dict[str, Any]) -> SamplerConfig:
-    """Make `point`'s step budget and entropy bound the model's defaults in its generation_config.json (the other
-    keys of the file are kept)."""
-    path = model_dir / "generation_config.json"
-    current = load_sampler_defaults(model_dir)
-    chosen = replace(current, max_steps=int(point["max_steps"]), entropy_bound=float(point["entropy_bound"]))
-    raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    raw.update(chosen.to_generation_config())
-    path.write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
-    return chosen
-
-
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets against the measured figures (a missed target is reported, not hidden)."""
-    out = [
-        {"target": "infill judge ppl <= 2x human", "limit": 2.0, "measured": result["judge_ppl_ratio_infill"]},
-        {"target": "seconds per canvas <= 1.5", "limit": 1.5, "measured": result["seconds_per_canvas"]},
-    ]
-    for t in out:
-        t["met"] = bool(t["measured"] <= t["limit"])
-    sweep = result.get("sweep")
-    if sweep:
-        best = sweep["best_within_10pct"]
-        out.append({"target": ">= 16 tokens/forward within 10% of the 48-step ppl", "limit": 16.0,
-                    "measured": best["tokens_per_forward"], "met": bool(best["tokens_per_forward"] >= 16.0),
-                    "at": f"steps {best['max_steps']}, bound {best['entropy_bound']}"})  # fmt: skip
-    return out
-
-
 def examples(records: Sequence[Record], samples: dict[str, list[Sample]], cfg: EvalConfig) -> list[dict[str, Any]]:
-    """The first sample of each task with the human text and each mode's output at the main settings."""
+    """The first sample of each task with the human text and each variant's output at the main settings."""
     out = []
     for task in cfg.tasks:
         s = samples[task][0]
         main = (cfg.max_steps, cfg.entropy_bound)
         mine = [r for r in records if r.task == task and r.index == 0 and (r.max_steps, r.entropy_bound) == main]
-        outputs: dict[str, str] = {r.mode: r.text for r in mine}
+        outputs: dict[str, str] = {Variant(r.mode, r.ar_drafts, r.ar_seam_tokens).label: r.text for r in mine}
         before = s.text[: s.gap[0]] if s.gap else s.text
         after = s.text[s.gap[1] :] if s.gap else ""
         out.append({"task": task, "doc_id": s.doc_id, "before": before[-300:], "human": s.reference,
-                    "after": after[:200], **outputs})  # fmt: skip
+                    "after": after[:200], "outputs": outputs})  # fmt: skip
     return out
 
 
@@ -361,10 +318,22 @@ def _floats(value: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
 
 
+def _modes(value: str) -> tuple[str, ...]:
+    modes = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not modes or any(m not in MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes of {', '.join(MODES)}, got {value!r}")
+    return modes
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: as `dcanvas serve`: "
                         "$DCANVAS_MODEL, else the built Gemma-3-270M conversion, else canvas-6m)")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"validation JSONL (default: {DEFAULT_DATA})")
+    held_out = parser.add_mutually_exclusive_group()
+    held_out.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                          help=f"validation JSONL of the corpus (default: {DEFAULT_DATA})")
+    held_out.add_argument("--texts", type=Path, default=None,
+                          help="held-out text outside the corpus instead: JSONL with a 'text' per line, or plain "
+                               "text (documents separated by two blank lines)")  # fmt: skip
     parser.add_argument(
         "--judge",
         type=Path,
@@ -375,6 +344,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="samples per task (default 16)")
     parser.add_argument("--seed", type=int, default=None, help="passage choice and sampler seeds (default 0)")
     parser.add_argument("--gaps", type=_ints, default=None, help="infill gap sizes in tokens (default 32,64)")
+    parser.add_argument("--chunks-per-doc", dest="chunks_per_doc", type=int, default=None,
+                        help="passages per document at most (default 4)")  # fmt: skip
+    parser.add_argument("--modes", type=_modes, default=None, help="modes to run (default diffusion,ar)")
+    parser.add_argument("--no-ar", dest="no_ar", action="store_true", help="skip the AR-mode runs (--modes diffusion)")
+    parser.add_argument("--ar-drafts", dest="ar_drafts", type=_ints, default=None,
+                        help="AR drafts K to compare, one AR variant each (default: the model's setting)")
+    parser.add_argument("--ar-seam-tokens", dest="ar_seam_tokens", type=_ints, default=None,
+                        help="AR seam tokens S to compare (default: the model's setting)")  # fmt: skip
     parser.add_argument(
         "--sweep-samples",
         dest="sweep_samples",
@@ -391,33 +368,41 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="entropy bounds (default 0.05,0.1,0.3,1.0)",
     )
     parser.add_argument("--sweep-steps", dest="sweep_steps", type=_ints, default=None, help="step budgets (8,16,48)")
-    parser.add_argument("--no-ar", dest="ar", action="store_false", default=None, help="skip the AR-mode runs")
+    parser.add_argument("--speed-scale", dest="speed_scale", type=float, default=None,
+                        help="multiply the speed bounds (2.0 s per 32-token infill, 3.5 s per 64) by this on a "
+                             "slower machine than theirs (default 1)")  # fmt: skip
     # One thread by default, as `dcanvas train`: on the shared 2-core machine two torch threads next to other busy
     # processes made the judge's forward ~7x slower. Pass --threads 2 on an idle machine.
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON result to this file")
     parser.add_argument("--write-defaults", dest="write_defaults", action="store_true",
-                        help="make the sweep's operating point (fastest within 10%% of its best judge perplexity) "
-                        "the model's default in its generation_config.json")  # fmt: skip
+                        help="write the model's default modes (the best quality within the speed bounds, per kind: "
+                        "infill and continuation) and the chosen AR settings into its dcanvas_sampler.json and, "
+                        "with a sweep, the operating point (fastest within 10%% of its best judge perplexity) into "
+                        "its generation_config.json")  # fmt: skip
     parser.set_defaults(func=run)
     parser.add_argument("--card", action="store_true",
                         help="write the evaluation into the model's README.md (the block 'main', or 'defaults' with "
                              "--write-defaults; text around the block is kept)")  # fmt: skip
 
 
-_OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "ar")
+_OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "modes",
+              "ar_drafts", "ar_seam_tokens", "chunks_per_doc", "speed_scale")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate and print markdown (or `--json`: the keys `judge_ppl_ratio_infill`, `judge_ppl_ratio_continuation`,
-    `tokens_per_forward`, `seconds_per_canvas`, the AR ratios, `results`, `sweep`, `targets`, `examples`,
+    """Evaluate and print markdown (or `--json`, the JSON object as the last line: the headline keys
+    `judge_ppl_ratio_infill`, `fill_ratio_infill`, `seam_ratio_infill`, `judge_ppl_ratio_continuation`,
+    `fill_ratio_continuation`, `tokens_per_forward`, `seconds_per_canvas` of the default modes (`default_modes`,
+    `headline_variants`), each mode's pooled ratios, `headline`, `results`, `sweep`, `targets`, `examples`,
     `records`, `config`)."""
     import torch
     from rich.console import Console
 
     from canvas.model_resolve import ModelUnavailable, resolve_model
     from canvas.server.backend import load_backend
+    from canvas.training.eval_choice import choose_defaults, write_defaults
     from canvas.training.eval_report import card_section, markdown, update_card
     from canvas.training.judge import JudgeError, load_judge
 
@@ -429,11 +414,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+        if args.no_ar:
+            changes["modes"] = tuple(m for m in changes.get("modes", PRESETS[args.preset].modes) if m != "ar")
         cfg = replace(PRESETS[args.preset], **changes)
-    except ValueError as exc:
+        check_variants(cfg)
+    except (ValueError, EvalError) as exc:
         return fail(str(exc))
-    if args.write_defaults and not cfg.sweeping:
-        return fail("--write-defaults needs a sweep (--sweep-samples > 0)")
     torch.set_num_threads(max(1, args.threads))
     try:
         model_dir = resolve_model(args.model).path
@@ -442,8 +428,9 @@ def run(args: argparse.Namespace) -> int:
     card = Path(model_dir) / "README.md"
     if args.card and not card.is_file():
         return fail(f"--card: {card} does not exist (export the model first)")
+    held_out = args.texts if args.texts is not None else args.data
     try:
-        docs = read_documents(args.data)
+        docs = read_texts(args.texts) if args.texts is not None else read_documents(args.data)
         backend = load_backend(model_dir, max_batch=1, threads=max(1, args.threads))
     except (EvalError, FileNotFoundError, ValueError) as exc:
         return fail(str(exc))
@@ -461,13 +448,12 @@ def run(args: argparse.Namespace) -> int:
             result = evaluate(backend, judge, docs, cfg, progress)
         except EvalError as exc:
             return fail(str(exc))
-    result["data"] = str(args.data)
+    result["data"] = str(held_out)
     result["threads"] = torch.get_num_threads()
     if args.write_defaults:
-        chosen = write_defaults(Path(model_dir), operating_point(result["sweep"]))
-        result["defaults_written"] = {"max_steps": chosen.max_steps, "entropy_bound": chosen.entropy_bound}
-        console.print(f"{model_dir}/generation_config.json: defaults now {chosen.max_steps} steps, "
-                      f"entropy bound {chosen.entropy_bound:g}")  # fmt: skip
+        result["defaults_choice"] = choice = choose_defaults(result["results"], cfg.speed_scale)
+        result["defaults_written"] = written = write_defaults(Path(model_dir), choice, result["sweep"])
+        console.print(f"{model_dir}: defaults now {json.dumps(written)}")
     if args.card:
         key = "defaults" if args.write_defaults else "main"
         update_card(card, key, card_section(result, shlex.join(["dcanvas", *sys.argv[1:]])))
@@ -476,6 +462,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n", encoding="utf-8")
-    sys.stdout.write(text + "\n" if args.json else markdown(result))
+    # --json: the object on one line, the last one of the output.
+    sys.stdout.write(json.dumps(result, allow_nan=True) + "\n" if args.json else markdown(result))
     console.print(f"evaluated in {result['wall_s']:.0f} s")
     return 0

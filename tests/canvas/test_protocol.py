@@ -107,10 +107,17 @@ def test_unknown_fields_are_ignored() -> None:
     assert msg == p.Ping(id=1)
 
 
+def test_gen_params_mode_null_is_the_model_default() -> None:
+    msg = p.parse_client_message(_frame(type="gen.start", doc_id="d", base_v=0, params={"mode": None}))
+    assert isinstance(msg, p.GenStart) and msg.params.mode is None
+    welcome = p.ModelInfo(name="m", canvas_length=8, modes=["diffusion", "ar"])
+    assert welcome.default_modes == p.DefaultModes(infill="diffusion", continuation="diffusion")  # an older server
+
+
 def test_gen_params_left_out_are_none_for_the_server_to_fill() -> None:
     msg = p.parse_client_message(_frame(type="gen.start", doc_id="d", base_v=0))
     assert isinstance(msg, p.GenStart)
-    assert msg.params == p.GenParams(mode="diffusion")
+    assert msg.params == p.GenParams() and msg.params.mode is None  # the server resolves the model's default
     sampler = (msg.params.max_steps, msg.params.entropy_bound, msg.params.t_max, msg.params.t_min, msg.params.seed)
     assert sampler == (None,) * 5 and msg.params.stream_every == 1
     with pytest.raises(ValidationError, match="t_max"):  # both given: checked at the wire
@@ -187,7 +194,6 @@ def test_malformed_frames_get_typed_errors(raw: str | bytes, code: ErrorCode, fr
         ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"stream_every": 0}},
          "params.stream_every"),
         ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"seed": -1}}, "params.seed"),
-        ({"type": "gen.start", "id": 1, "doc_id": "d", "base_v": 0, "params": {"mode": None}}, "params.mode"),
         ({"type": "gen.cancel", "id": 1}, "gen"),
         ({"type": "proposal.accept", "id": 1, "gen": "g", "base_v": 0, "hunks": [-1]}, "hunks.0"),
         ({"type": "history.undo", "id": 1, "doc_id": 7}, "doc_id"),

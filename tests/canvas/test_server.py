@@ -62,7 +62,8 @@ def test_hello_welcome_and_handshake_rules(serve: Factory, backend: Backend) -> 
         assert welcome["protocol"] == "dcanvas/1" and welcome["session"].startswith("s-")
         defaults = {"max_steps": 48, "entropy_bound": 0.1, "t_max": 0.8, "t_min": 0.4}
         assert welcome["model"] == {"name": backend.name, "canvas_length": 32, "modes": ["diffusion", "ar"],
-                                    "defaults": defaults}  # fmt: skip
+                                    "defaults": defaults,
+                                    "default_modes": {"infill": "diffusion", "continuation": "diffusion"}}  # fmt: skip
         assert welcome["limits"] == dataclasses.asdict(ServerLimits())
         assert c.rpc({"type": "hello", "protocol": "dcanvas/1"})["code"] == "conflict"
         assert c.rpc({"type": "ping"})["type"] == "pong"

@@ -18,6 +18,7 @@ from tui.app import DcanvasApp
 from tui.messages import GenFrame
 from tui.screens.prompt import PromptScreen
 from tui.screens.settings import SettingsScreen
+from tui.settings import mode_label
 from tui.widgets.canvas_view import MAX_FPS
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,7 +39,7 @@ async def test_gap_prompt_then_ar_generation(tmp_path: Path, server_url: str) ->
         assert [(s.start, s.slots) for s in state.spans if s.kind == "free"] == [(7, 3)]
         await pilot.press("ctrl+g")  # the gap is free: no new gap, AR mode fills it left to right
         await wait_until(pilot, lambda: screen.phase == "proposal", "the proposal")
-        assert screen.run_info.mode == "ar"
+        assert screen.run_info.mode == mode_label("ar")
         assert screen.live is not None and screen.live.frames >= 1
         await pilot.press("escape")
         await wait_until(pilot, lambda: screen.phase == "idle", "reject")
@@ -104,6 +105,27 @@ async def test_settings_screen_validates_and_persists(tmp_path: Path) -> None:
         assert json.loads(settings.read_text())["max_steps"] == 12
         await pilot.press("f2", "escape")  # cancel keeps them
         assert app.settings.max_steps == 12
+
+
+async def test_mode_defaults_to_the_model_and_f8_toggles_the_diffusion_decoder(tmp_path: Path) -> None:
+    settings = settings_file(tmp_path)
+    app = make_app(tmp_path, TEXT, settings=settings, connect=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.settings.mode is None and app.settings.gen_params().mode is None  # the server resolves it
+        assert app.main.run_info.mode == mode_label(None)
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), "the settings")
+        await pilot.press("ctrl+s")  # the form keeps "model default" as no mode
+        await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen), "save")
+        assert app.settings.mode is None and json.loads(settings.read_text())["mode"] is None
+        await pilot.press("f8")
+        assert app.settings.mode == "diffusion" and json.loads(settings.read_text())["mode"] == "diffusion"
+        assert app.main.run_info.mode == mode_label("diffusion") and "untrained" in mode_label("diffusion")
+        await pilot.press("f8")
+        assert app.settings.mode is None and app.main.run_info.mode == mode_label(None)
+        app.settings = app.settings.model_copy(update={"mode": "ar"})
+        await pilot.press("f8")  # from AR, one key to diffusion
+        assert app.settings.mode == "diffusion"
 
 
 async def test_open_save_as_and_quit_with_unsaved_changes(tmp_path: Path) -> None:

@@ -155,6 +155,9 @@ def test_mask_generate_watch_replay_accept_undo(page: Any, web_server: ServeProc
     defaults = load_sampler_defaults(web_server.model)
     expect(page.locator("#param-max_steps")).to_have_attribute("placeholder", f"{defaults.max_steps} (model)")
     expect(page.locator("#param-max_steps")).to_have_value("")
+    # The mode is the model's default (left out of gen.start, resolved by the server) unless one is chosen.
+    expect(page.locator("#param-mode")).to_have_value("")
+    assert page.locator("#param-mode option").first.inner_text().startswith("Model default (infill: diffusion")
     page.fill("#param-max_steps", "12")  # enough steps that frames are not all merged (30 fps) on a fast machine
     page.fill("#param-seed", "11")
     page.evaluate(
@@ -182,6 +185,7 @@ def test_mask_generate_watch_replay_accept_undo(page: Any, web_server: ServeProc
     progress = [f for f in frames if f["type"] == "gen.progress"]
     done = next(f for f in frames if f["type"] == "gen.done")
     assert done["status"] == "completed" and len(progress) >= 3
+    assert next(f for f in frames if f["type"] == "gen.accepted")["params"]["mode"] == "diffusion"  # the default
     assert [f["seq"] for f in progress] == list(range(1, len(progress) + 1))
 
     # The final grid is the sum of the deltas; the replay slider shows the canvas after the first frame.

@@ -28,7 +28,9 @@ def _union_tags(union: str) -> set[str]:
 
 
 def _enum(definition: str, prop: str) -> set[str]:
-    return set(DEFS[definition]["properties"][prop]["enum"])
+    """The values a property may take; an optional one (`anyOf` with null) gives its non-null values."""
+    spec = DEFS[definition]["properties"][prop]
+    return {v for option in spec.get("anyOf", [spec]) for v in option.get("enum", [])}
 
 
 def _table(name: str) -> dict[str, Any]:
@@ -146,10 +148,10 @@ def test_parameter_controls_match_the_schema() -> None:
         assert found is not None, f"index.html has no control #param-{field}"
         tag, attrs = found
         assert any(a.get("for") == f"param-{field}" for t, a in html_elements() if t == "label"), f"no label: {field}"
-        if "enum" in spec:
+        bounds = spec["anyOf"][0] if "anyOf" in spec else spec
+        if "enum" in bounds:  # a choice (optional or not) is a select
             assert tag == "select", f"#param-{field} should be a select"
             continue
-        bounds = spec["anyOf"][0] if "anyOf" in spec else spec
         low = bounds.get("minimum", bounds.get("exclusiveMinimum"))
         high = bounds.get("maximum")
         assert attrs.get("min") is not None and float(attrs["min"] or 0) == low, f"#param-{field} min"

@@ -21,6 +21,7 @@ from tui.live import LiveCanvas, ProposalView
 from tui.messages import DocUpdated, GenFinished, GenFrame, GenStarted
 from tui.screens.base import RUNNING, log
 from tui.screens.files import FileScreen
+from tui.settings import mode_label
 from tui.widgets.canvas_view import CanvasView
 from tui.widgets.mode_line import ModeLine
 
@@ -76,7 +77,7 @@ class GenerationScreen(FileScreen):
     def start_generation(self, params: GenParams, ops: Sequence[EditOp] = (), reject: str | None = None) -> None:
         self.current_gen = None
         self.phase = "starting"
-        self.set_run(mode=params.mode, step=None, max_steps=params.max_steps,
+        self.set_run(mode=mode_label(params.mode), step=None, max_steps=params.max_steps,
                                  tokens_per_forward=None, tok_s=None, seed=params.seed)  # fmt: skip
         self.update_status()
         self.generate(params, list(ops), reject)
@@ -121,7 +122,7 @@ class GenerationScreen(FileScreen):
         self.query_one(ModeLine).show_live(self.live, self.canvas.palette())
         if self.phase == "starting":
             self.phase = "generating"
-        self.set_run(seed=acc.params.seed, step=0)
+        self.set_run(seed=acc.params.seed, step=0, mode=mode_label(acc.params.mode))  # the mode the server resolved
         self.update_status()
         if self.phase == "cancelling":  # Esc came before the server accepted it
             self._send_cancel(acc.gen)

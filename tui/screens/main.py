@@ -23,6 +23,7 @@ from tui.docsync import merge_remote, shift_span, text_change
 from tui.messages import Connected, Connecting, Disconnected, DocUpdated, Problem
 from tui.screens.generation import GenerationScreen
 from tui.screens.prompt import PromptScreen
+from tui.settings import mode_label
 from tui.textfile import TextFile, to_editor
 from tui.widgets.banner import Banner
 from tui.widgets.canvas_view import CanvasView
@@ -103,7 +104,7 @@ class MainScreen(GenerationScreen):
 
     def on_mount(self) -> None:
         self.query_one(Banner).hide()
-        self.run_info = RunInfo(mode=self.dapp.settings.mode)
+        self.run_info = RunInfo(mode=mode_label(self.dapp.settings.mode))
         self.watch_phase("idle")
         self.update_status()
 

@@ -17,8 +17,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
 from canvas.protocol import describe_error
-from tui.settings import Settings
+from tui.settings import MODE_LABELS, Settings, mode_label
 
+_DEFAULT = "default"  # the mode select's value for "the model's default" (a Select value cannot be None)
 # field -> (label, hint)
 FIELDS: dict[str, tuple[str, str]] = {
     "max_steps": ("Max steps", "1–256"),
@@ -48,8 +49,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
             with Horizontal(classes="settings-row"):
                 yield Label("Mode", classes="settings-label")
                 yield Select(
-                    [("diffusion", "diffusion"), ("AR (left to right)", "ar")],
-                    value=s.mode,
+                    [(mode_label(m), m or _DEFAULT) for m in MODE_LABELS],
+                    value=s.mode or _DEFAULT,
                     allow_blank=False,
                     compact=True,
                     id="set-mode",
@@ -69,7 +70,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         self.query_one("#set-mode").focus()
 
     def values(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": self.query_one("#set-mode", Select).value}
+        mode = self.query_one("#set-mode", Select).value
+        out: dict[str, Any] = {"mode": None if mode == _DEFAULT else mode}
         for name in FIELDS:
             raw = self.query_one(f"#set-{name}", Input).value.strip()
             out[name] = None if raw == "" and name != "gap_tokens" else raw
