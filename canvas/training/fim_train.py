@@ -351,7 +351,8 @@ class FimTrainer:
             if step % self.cfg.log_every == 0 or step == end:
                 row = {k: _nanmean([r[k] for r in window]) for k in window[0]}
                 row.update(step=step, tokens=self.state.tokens_seen, loss_tokens=self.state.loss_tokens,
-                           wall_s=round(self.state.wall_seconds, 1), tokens_per_s=window_tokens / max(window_time, 1e-9))
+                           wall_s=round(self.state.wall_seconds, 1))
+                row["tokens_per_s"] = window_tokens / max(window_time, 1e-9)
                 if step % self.cfg.eval_every == 0 or step == end:
                     row.update(self.evaluate())
                 self.state.history.append(row)

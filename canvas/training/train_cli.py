@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from canvas.model import DiffusionModel
-from canvas.training.tokens import file_sha256
 from canvas.training.fim_train import FimTrainConfig
+from canvas.training.tokens import file_sha256
 from canvas.training.train import MODEL_SHAPES, TrainConfig, Trainer
 
 
