@@ -148,3 +148,15 @@ def test_the_command_trains_resumes_and_exports(fim_base: dict[str, Path], tmp_p
     assert main([*common, "--export-only", "--export", str(out)]) == 0
     assert json.loads((out / "adapters.json").read_text())["step"] == 2
     assert main(["train", "--objective", "fim", "--run", str(tmp_path / "new")]) == 2  # a new run needs --base
+
+
+def test_the_curve_plots_from_the_runs_log(fim_base: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from canvas.training.fim_curve import main, read_curve
+
+    t = FimTrainer(tmp_path / "run", _cfg(fim_base, max_steps=2))
+    t.fit(max_minutes=None, stop_at_step=None, console=_quiet())
+    rows = read_curve(tmp_path / "run")
+    assert [r["step"] for r in rows if "valid_fim" in r] == [0, 2]
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
