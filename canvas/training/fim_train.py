@@ -393,3 +393,54 @@ def export_fim_adapters(trainer: FimTrainer, out: Path) -> Path:
             "step": st.step, "tokens_seen": st.tokens_seen, "sha256": sha256_file(out / WEIGHTS)}  # fmt: skip
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     return out
+
+
+def flops_per_token(model: DiffusionModel, batch: Rows) -> dict[str, float]:
+    """Training FLOPs per packed token, by part: the layers' matrices (forward, input gradient, and the adapted
+    matrices' full weight gradient that a parametrized LoRA computes before reducing it to A and B), attention over
+    each token's actual context in `batch`, and the head at the loss positions only."""
+    cfg = model.config
+    dense = adapted = 0.0
+    for name, p in model.named_parameters():
+        if not name.startswith("layers.") or p.dim() < 2:
+            continue
+        n = float(p.numel()) * (cfg.top_k_experts / cfg.num_experts if p.dim() == 3 else 1.0)
+        dense += n
+        adapted += n if name.endswith(".original") else 0.0
+    real = batch.segment >= 0
+    ctx = torch.clamp(batch.positions[real].float() + 1, max=float(cfg.sliding_window)).mean().item()
+    attn = sum(4.0 * b.attn.n_heads * b.attn.head_dim * ctx for b in model.blocks)  # QK^T and PV, forward
+    loss_frac = float((batch.kind[:, 1:] != 0).sum()) / max(1, int(real.sum()))
+    parts = {"matrices": 6 * dense + 2 * adapted, "attention": 3 * attn,
+             "head": loss_frac * 4.0 * cfg.vocab_size * cfg.hidden_size}  # fmt: skip
+    return {**parts, "total": sum(parts.values())}
+
+
+def matmul_gflops(seconds: float = 2.0) -> float:
+    """The CPU's fp32 matmul rate at the current thread count, on the fine-tune's own shape ((512, 640) @ (640,
+    2048), the MLP's), best of repeated timings over about `seconds`."""
+    a, b = torch.randn(512, 640), torch.randn(640, 2048)
+    best, t_end = math.inf, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 512 * 640 * 2048 / best / 1e9
+
+
+def bench(trainer: FimTrainer, steps: int = 3) -> dict[str, float]:
+    """Training tokens per second over `steps` steps after one warm-up (nothing saved), the FLOPs per token, the
+    measured matmul rate, and the share of that rate the training reaches."""
+    trainer.train_step()
+    t0, tokens = time.perf_counter(), 0
+    for _ in range(steps):
+        before = trainer.state.tokens_seen
+        trainer.train_step()
+        tokens += trainer.state.tokens_seen - before
+    tps = tokens / (time.perf_counter() - t0)
+    batch = sample_rows(trainer.train_data, trainer.cfg.data, trainer.cfg.batch_size, trainer.cfg.seed, 0)
+    flops = flops_per_token(trainer.model, batch)
+    rate = matmul_gflops()
+    return {"tokens_per_s": tps, "gflop_per_token": flops["total"] / 1e9, "matmul_gflops": rate,
+            "of_matmul_rate": tps * flops["total"] / 1e9 / rate, "threads": torch.get_num_threads(),
+            **{f"gflop_{k}": v / 1e9 for k, v in flops.items() if k != "total"}}  # fmt: skip

@@ -79,7 +79,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a new run starts from this exported model (weights, step and loss curve)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit")
+    parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit (fim: "
+                        "training tokens/s, FLOPs per token and the matmul rate)")
     parser.add_argument("--export", type=Path, default=None, help="after training, export to this directory")
     parser.add_argument("--export-only", action="store_true", help="export the run's checkpoint, do not train "
                         "(fim: to --export or canvas/assets/gemma3-fim-adapters)")
@@ -182,6 +183,12 @@ def run_fim(args: argparse.Namespace, console: Any) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     resumed = trainer.load()
+    if args.bench:
+        from canvas.training.fim_train import bench
+
+        console.print(f"FIM fine-tune step ({'bf16' if trainer.bf16 else 'fp32'}, batch {cfg.batch_size} x "
+                      f"{cfg.data.seq_len}): {bench(trainer)}")
+        return 0
     if args.export_only:
         if not resumed:
             console.print(f"[red]error:[/red] no checkpoint in {run_dir}")
