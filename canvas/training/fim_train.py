@@ -1,7 +1,8 @@
 """`dcanvas train --objective fim`: the FIM fine-tune of the converted Gemma, resumable bit for bit, on a CPU.
 
 What trains: low-rank adapters (`canvas.training.adapt.LoRA`) on `targets` of the converted layers (the appended
-identity layer and everything else stay frozen) and the four FIM sentinels' embedding rows (`SentinelRows`, a small
+identity layer and everything else stay frozen; `LowRankWeight` runs them beside the frozen matrix, never forming a
+full weight gradient) and the four FIM sentinels' embedding rows (`SentinelRows`, a small
 parameter of its own: the frozen embedding never gets a gradient; the tied head reads the rows too). The loss is
 next-token cross-entropy at the positions `canvas.training.fim` marks (a FIM piece's middle and `<end>`, a plain
 piece's text), the head run only on those positions' hidden states (gathered first).
@@ -28,7 +29,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils import parametrize
 
 from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
 from canvas.model import DiffusionModel
@@ -40,6 +40,7 @@ from canvas.training.fim import FIM, PLAIN, SENTINELS, Corpus, FimDataConfig, Ro
 # would double the checkpoint for what the literature finds a small gain.
 DEFAULT_TARGETS = ("attn.qkv", "attn.o_proj", "mlp_down")
 TRAIN_STREAM, VALID_FIM_STREAM, VALID_PLAIN_STREAM = 0, 1, 2
+_LORA = "_lora"  # the adapter of matrix `m` is the submodule `m_lora` beside it
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,30 @@ class FimTrainConfig:
         return self.lr * (1 - frac * (1 - self.min_lr_frac))
 
 
+class LowRankWeight(nn.Parameter):
+    """A frozen matrix W that carries its adapter: `F.linear(x, w)` computes x W^T + (x A^T) B^T * scale. The
+    backward then forms the adapter's small gradients only; a parametrization (W + B A * scale as one tensor) would
+    form the full (out, in) weight gradient first, as many FLOPs again as the forward matmul. Every other op sees W.
+    The merge (`apply_fim_adapters`) adds B A * scale to W: the same function, up to fp32 rounding."""
+
+    lora: LoRA
+
+    def __new__(cls, data: Tensor, lora: LoRA) -> LowRankWeight:
+        w = super().__new__(cls, data, requires_grad=False)
+        w.lora = lora
+        return w
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], LowRankWeight):
+                x, w = args
+                a, b = w.lora.lora_A, w.lora.lora_B
+                return F.linear(x, w) + F.linear(F.linear(x, a.to(x.dtype)), b.to(x.dtype)) * w.lora.scale
+            return func(*args, **kwargs)
+
+
 class SentinelRows(nn.Module):
     """The FIM sentinels' embedding rows, trained in place of the frozen embedding's (input and tied head)."""
 
@@ -139,18 +164,18 @@ def attach_fim_adapters(model: DiffusionModel, rank: int, alpha: float, targets:
         if parts[0] == "layers" and int(parts[1]) < last and ".".join(parts[2:]) in targets:
             module, leaf = _owner(model, name)
             lora = LoRA(p.shape[0], p.shape[1], rank, alpha, gen).to(p.device)  # drawn on the CPU: any device
-            parametrize.register_parametrization(module, leaf, lora)
+            module.add_module(leaf + _LORA, lora)
+            setattr(module, leaf, LowRankWeight(p.detach(), lora))
     return SentinelRows(model, sentinel_ids)
 
 
 def fim_tensors(model: DiffusionModel, rows: SentinelRows) -> dict[str, Tensor]:
     """The trained tensors by the adapter file's names (`<param>.lora_A/B`, `SENTINEL_ROWS`)."""
     out: dict[str, Tensor] = {}
-    for name, p in model.named_parameters():
-        if ".parametrizations." in name and not name.endswith(".original"):
-            base, lora = name.split(".parametrizations.")
-            leaf, _, tensor = lora.partition(".0.")
-            out[f"{base}.{leaf}.{tensor}"] = p.detach()
+    for name, module in model.named_modules():
+        if isinstance(module, LoRA) and name.endswith(_LORA):
+            out[name.removesuffix(_LORA) + ".lora_A"] = module.lora_A.detach()
+            out[name.removesuffix(_LORA) + ".lora_B"] = module.lora_B.detach()
     out[SENTINEL_ROWS] = rows.rows.detach()
     return out
 
@@ -396,22 +421,24 @@ def export_fim_adapters(trainer: FimTrainer, out: Path) -> Path:
 
 
 def flops_per_token(model: DiffusionModel, batch: Rows) -> dict[str, float]:
-    """Training FLOPs per packed token, by part: the layers' matrices (forward, input gradient, and the adapted
-    matrices' full weight gradient that a parametrized LoRA computes before reducing it to A and B), attention over
-    each token's actual context in `batch`, and the head at the loss positions only."""
+    """Training FLOPs per packed token, by part: the layers' frozen matrices (forward and input gradient: 4 per
+    weight), the adapters (forward, input and weight gradients: 6 per weight), attention over each token's actual
+    context in `batch`, and the head at the loss positions only."""
     cfg = model.config
     dense = adapted = 0.0
     for name, p in model.named_parameters():
         if not name.startswith("layers.") or p.dim() < 2:
             continue
         n = float(p.numel()) * (cfg.top_k_experts / cfg.num_experts if p.dim() == 3 else 1.0)
-        dense += n
-        adapted += n if name.endswith(".original") else 0.0
+        if p.requires_grad:
+            adapted += n
+        else:
+            dense += n
     real = batch.segment >= 0
     ctx = torch.clamp(batch.positions[real].float() + 1, max=float(cfg.sliding_window)).mean().item()
     attn = sum(4.0 * b.attn.n_heads * b.attn.head_dim * ctx for b in model.blocks)  # QK^T and PV, forward
     loss_frac = float((batch.kind[:, 1:] != 0).sum()) / max(1, int(real.sum()))
-    parts = {"matrices": 6 * dense + 2 * adapted, "attention": 3 * attn,
+    parts = {"matrices": 4 * dense + 6 * adapted, "attention": 3 * attn,
              "head": loss_frac * 4.0 * cfg.vocab_size * cfg.hidden_size}  # fmt: skip
     return {**parts, "total": sum(parts.values())}
 

@@ -8,6 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+
 from canvas.model import DiffusionModel
 from canvas.training.fim import SENTINELS
 
@@ -24,7 +26,12 @@ def make_fim_base(tiny_data: dict[str, Path], root: Path) -> dict[str, Path]:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SENTINELS])
     save_tokenizer(tok, base)
     cfg = model_config("tiny", special_ids(tok), tok.get_vocab_size(with_added_tokens=True))
-    DiffusionModel(dataclasses.replace(cfg, name="tiny-fim-base")).save_pretrained(str(base))
+    model = DiffusionModel(dataclasses.replace(cfg, name="tiny-fim-base"))
+    with torch.no_grad():  # as in a converted model, the experts start at zero (so no routing flip changes logits)
+        for layer in model.blocks:
+            layer.experts_gate_up.zero_()
+            layer.experts_down.zero_()
+    model.save_pretrained(str(base))
     corpus = root / "corpus"
     shutil.copytree(tiny_data["corpus"], corpus)
     # A longer validation split, so the held-out rows hold FIM pieces of every size.

@@ -40,12 +40,33 @@ def test_only_adapters_and_sentinel_rows_train(fim_base: dict[str, Path], tmp_pa
     assert "embed" in frozen and not any(n.endswith("lora_A") for n in frozen)
     last = t.model.config.num_hidden_layers - 1
     trained = {n for n, p in t.model.named_parameters() if p.requires_grad}
-    assert trained and all(".parametrizations." in n and not n.startswith(f"layers.{last}.") for n in trained)
+    assert trained and all("_lora." in n and not n.startswith(f"layers.{last}.") for n in trained)
     t.train_step()
     for n, p in t.model.named_parameters():
         if n in frozen:
             assert torch.equal(p, frozen[n]), n
     assert not torch.equal(t.rows.rows, rows_before)  # the sentinel rows moved, the embedding did not
+    assert all(v.abs().sum() > 0 for k, v in fim_tensors(t.model, t.rows).items() if k.endswith("lora_B"))
+
+
+def test_a_low_rank_weight_is_the_merged_matrix_with_the_adapters_gradients() -> None:
+    from canvas.training.adapt import LoRA
+    from canvas.training.fim_train import LowRankWeight
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(12, 8, generator=g), torch.randn(3, 5, 8, generator=g)
+    lora = LoRA(12, 8, 2, 4.0, g)
+    with torch.no_grad():
+        lora.lora_B.normal_(generator=g)
+    y = torch.nn.functional.linear(x, LowRankWeight(w, lora))
+    merged = w + lora.lora_B @ lora.lora_A * lora.scale
+    torch.testing.assert_close(y, x @ merged.T, rtol=1e-5, atol=1e-5)
+    y.square().sum().backward()
+    a, b = lora.lora_A.grad, lora.lora_B.grad
+    lora.zero_grad()
+    (x @ lora(w).T).square().sum().backward()
+    torch.testing.assert_close(a, lora.lora_A.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b, lora.lora_B.grad, rtol=1e-4, atol=1e-4)
     # lora_B starts at zero: before any step the adapted model is the base exactly (checked by the build test).
 
 
