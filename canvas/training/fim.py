@@ -110,7 +110,7 @@ def fim_example(t: FimTokens, prefix: Sequence[int], middle: Sequence[int], suff
 @dataclass(frozen=True, slots=True)
 class FimDataConfig:
     seq_len: int = 512  # packed row length; the converted Gemma's sliding window is 512
-    fim_rate: float = 0.5  # share of pieces in FIM form; the rest plain text, keeping the AR pathway as it was
+    fim_rate: float = 0.5  # share of pieces (and about of tokens) in FIM form; the rest plain text, for AR quality
     spm_rate: float = 0.5  # share of FIM pieces in SPM order
     max_middle: int = 256  # tokens; the canvas
     max_prefix: int = 192  # context lengths drawn uniformly up to these (fewer where the document is short)
@@ -229,7 +229,10 @@ def sample_rows(c: Corpus, cfg: FimDataConfig, batch: int, seed: int, step: int,
             room = T - at
             if room >= cfg.min_fim_piece and rng.random() < cfg.fim_rate:
                 p_ids, p_kind = _fim_piece(c, cfg, rng, room)
-            else:
+            elif room >= cfg.min_fim_piece:
+                # As long as a FIM piece on average (not the whole row), so fim_rate is also the share of tokens.
+                p_ids, p_kind = _plain_piece(c, rng, int(rng.integers(cfg.min_fim_piece, room + 1)))
+            else:  # the row's end
                 p_ids, p_kind = _plain_piece(c, rng, room)
             n = len(p_ids)
             ids[r, at : at + n] = p_ids

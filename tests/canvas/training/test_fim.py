@@ -115,7 +115,10 @@ def test_pieces_are_whole_documents_slices_with_loss_only_where_it_teaches(fim_b
                     seen["psm"] += 1
                     assert middle and in_corpus(prefix + middle + suffix)
                     # Word cuts: the middle starts a word (or follows whitespace) and ends one (or the window).
-                    assert c.starts_word[middle[0]] or (prefix and c.ends_word[prefix[-1]])
+                    # Mid-word only where no boundary was left after the prefix (a short window inside one word).
+                    after = middle + suffix
+                    none_left = not any(c.starts_word[i] for i in after[1:]) and not any(c.ends_word[i] for i in after)
+                    assert c.starts_word[middle[0]] or (prefix and c.ends_word[prefix[-1]]) or none_left
                     assert not suffix or c.starts_word[suffix[0]] or c.ends_word[middle[-1]]
     assert all(n > 0 for n in seen.values()), seen
 
