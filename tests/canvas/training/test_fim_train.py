@@ -181,3 +181,15 @@ def test_the_curve_plots_from_the_runs_log(fim_base: dict[str, Path], tmp_path: 
     assert [r["step"] for r in rows if "valid_fim" in r] == [0, 2]
     assert main([str(tmp_path / "run"), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bf16_only_where_the_device_has_native_bf16(fim_base: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from canvas.model import cpu
+    from canvas.training.fim_train import uses_bf16
+
+    cfg = _cfg(fim_base)
+    for kind, want in (("avx2", False), ("other", False), ("avx512_bf16", True), ("amx", True)):
+        monkeypatch.setattr(cpu, "cpu_kind", lambda features=None, k=kind: k)
+        assert uses_bf16(cfg, torch.device("cpu")) is want, kind
+    assert uses_bf16(cfg, torch.device("cuda")) is True
+    assert uses_bf16(dataclasses.replace(cfg, bf16=False), torch.device("cuda")) is False
