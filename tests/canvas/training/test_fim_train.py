@@ -127,7 +127,9 @@ def test_export_then_build_gives_the_trained_models_logits(fim_base: dict[str, P
         merged = apply_fim(base, fim_base["base"], out)
         after, _ = merged.encode(ids)
         trained = _trained_logits(t.model.eval(), t.rows, ids)
-    torch.testing.assert_close(after, trained, rtol=1e-5, atol=1e-5)
+    # The trained model runs x W^T + (x A^T) B^T s, the merged one x (W + B A s)^T: equal up to fp32 rounding (the
+    # real 64k model: 3e-5 relative on logits of ~100 after a 2-step smoke run, the same argmax everywhere).
+    torch.testing.assert_close(after, trained, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(after, before, atol=1e-3)  # the adapters did something
     (out / "adapters.safetensors").write_bytes(b"broken")
     with pytest.raises(ValueError, match="sha256"):
