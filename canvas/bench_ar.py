@@ -1,7 +1,7 @@
 """`dcanvas bench ar`: the AR pathway's speed (the encoder's one-token step), optionally beside llama.cpp.
 
-    dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--batch 8] [--prompt 256] [--tokens 32]
-                     [--runs 5] [--threads N] [--against-llama LLAMA_BENCH [--gguf FILE]] [--json]
+    dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--int8 off|weight|dynamic] [--batch 8]
+                     [--prompt 256] [--tokens 32] [--runs 5] [--threads N] [--against-llama LLAMA_BENCH [--gguf FILE]]
 
 Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`: `canvas.model.cpu`'s rule):
 - prefill: `--prompt` tokens through `DiffusionModel.encode` into a fresh static cache, last position's logits;
@@ -11,6 +11,10 @@ Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`
   SDPA calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler (argmax), and Python /
   dispatch: the step's wall minus the time torch's profiler attributes to operators (an estimate: the profiler adds
   a little to both). Layers is what remains of `encode(logits="none")` after attention and Python.
+With int8 decode weights (`--int8`, default `DCANVAS_DECODE_INT8` as the server reads it; fp32 models only; see
+`canvas.model.int8`) the decode figures are the int8 ones, the same without int8 come beside them, and so does the
+int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their top-1 agreement with fp32, the mean
+KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
 Every figure is the median of `--runs` runs. `--against-llama PATH` runs that `llama-bench` binary on the GGUF of
 the same weights (`--gguf`, default: the Q4_K_M file `dcanvas model build` joined into its cache) at the same
 thread count and prompt, in the same run, and prints our / its tok/s. llama.cpp is only a yardstick: never a
@@ -36,6 +40,7 @@ import torch.nn.functional as F
 
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
+from canvas.model.int8 import SCHEMES, Scheme, decode_scheme, quantize_decode
 from canvas.model.io import read_config
 
 SPLIT = ("layers", "attention", "head", "sampler", "python")
@@ -140,15 +145,49 @@ def step_split(model: DiffusionModel, shape: ArShape) -> dict[str, float]:
             F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=gqa)
 
     h = torch.randn(1, 1, cfg.hidden_size, generator=g).to(model.dtype)
-    logits = model.logits(h)[:, -1]  # (1, V)
+    quant = model.decode_int8 is not None  # one row: `encode` takes the int8 head when the model has one
+    logits = model.logits(h, quant)[:, -1]  # (1, V)
     parts = {
         "attention": _median_s(attention, shape.runs),
-        "head": _median_s(lambda: model.logits(h), shape.runs),
+        "head": _median_s(lambda: model.logits(h, quant), shape.runs),
         "sampler": _median_s(lambda: logits.argmax(-1, keepdim=True), shape.runs),
         "python": max(0.0, body - ops),
     }
     parts["layers"] = max(0.0, body - parts["attention"] - parts["python"])
     return {k: parts[k] for k in SPLIT}
+
+
+def _teacher_forced(model: DiffusionModel, first: torch.Tensor, template: KVCache, tokens: torch.Tensor | None,
+                    steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (steps, V) of `steps` decode steps after the prefix, fed `tokens` (steps,) or, when None,
+    the greedy ones; and the tokens fed."""
+    cache = template.grown(template.capacity)
+    tok, fed, out = first, [], []
+    for i in range(steps):
+        if tokens is not None:
+            tok = tokens[i].view(1, 1)
+        fed.append(tok.view(()))
+        logits, _ = model.encode(tok, cache=cache, logits="last")
+        assert logits is not None
+        out.append(torch.log_softmax(logits[0, -1], dim=-1))
+        tok = logits[:, -1].argmax(-1, keepdim=True)
+    return torch.stack(out), torch.stack(fed)
+
+
+def int8_fidelity(model: DiffusionModel, scheme: Scheme, shape: ArShape) -> dict[str, float]:
+    """int8 decode steps against the model's own dtype on the same prefix and tokens (fp32's greedy ones): top-1
+    agreement, mean KL(fp32 || int8) in nats, and int8's perplexity of the next fed token over fp32's. Leaves the
+    model with the int8 weights of `scheme`."""
+    quantize_decode(model, None)
+    first, template = _prefix(model, shape, 1)
+    ref, fed = _teacher_forced(model, first, template, None, shape.tokens)
+    quantize_decode(model, scheme)
+    got, _ = _teacher_forced(model, first, template, fed, shape.tokens)
+    nxt = fed[1:]  # the token each step predicted next, as fed (the last step's successor was never fed)
+    nll = [-lp[:-1].gather(1, nxt[:, None]).mean() for lp in (ref, got)]
+    return {"top1_agree": float((ref.argmax(-1) == got.argmax(-1)).float().mean()),
+            "kl": float((ref.exp() * (ref - got)).sum(-1).mean()),
+            "ppl_ratio": float(torch.exp(nll[1] - nll[0])) if len(nxt) else 1.0}
 
 
 # ---- llama.cpp ------------------------------------------------------------------------------------------------------
@@ -205,26 +244,46 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
     shape = ArShape(args.prompt, args.tokens, args.batch, args.runs)
     model = _model(args)
     cfg = model.config
+    scheme = decode_scheme(args.int8)
+    if scheme is not None and model.dtype != torch.float32:
+        scheme = None  # as the server does: int8 decode weights serve fp32 models only
+    extra_rows: list[tuple[str, str]] = []
+    without: dict[str, float] = {}
+    if scheme is not None:
+        without = {"decode_b1_step_ms": decode_s(model, shape, 1) * 1e3,
+                   f"decode_b{shape.batch}_step_ms": decode_s(model, shape, shape.batch) * 1e3}
+        fidelity = int8_fidelity(model, scheme, shape)  # leaves the int8 weights in place
+        extra_rows = [
+            (f"without int8: batch 1 / batch {shape.batch} step ms",
+             f"{without['decode_b1_step_ms']:.1f} / {without[f'decode_b{shape.batch}_step_ms']:.1f}"),
+            ("int8 vs fp32 steps: top-1 / KL nats / ppl ratio",
+             f"{fidelity['top1_agree']:.3f} / {fidelity['kl']:.4f} / {fidelity['ppl_ratio']:.3f}"),
+        ]
     b1 = decode_s(model, shape, 1)
     bk = decode_s(model, shape, shape.batch)
     pre = prefill_s(model, shape)
     split = step_split(model, shape)
     out: dict[str, Any] = {
         "model": str(args.model) if args.model is not None else cfg.name, "dtype": dtype_name(model.dtype),
-        "vocab": cfg.vocab_size, "prompt": shape.prompt, "tokens": shape.tokens, "batch": shape.batch,
-        "runs": shape.runs,
+        "decode_int8": scheme, "vocab": cfg.vocab_size, "prompt": shape.prompt, "tokens": shape.tokens,
+        "batch": shape.batch, "runs": shape.runs,
         "decode_b1_tok_s": 1 / b1, "decode_b1_step_ms": b1 * 1e3,
         f"decode_b{shape.batch}_tok_s": shape.batch / bk, f"decode_b{shape.batch}_step_ms": bk * 1e3,
         "batch_step_vs_b1": bk / b1, "prefill_tok_s": shape.prompt / pre, "prefill_ms": pre * 1e3,
         "split_ms": {k: v * 1e3 for k, v in split.items()},
     }
+    if scheme is not None:
+        out["without_int8"] = without
+        out["int8_fidelity"] = fidelity
     rows = [
-        ("model / dtype / vocab", f"{out['model']} / {out['dtype']} / {cfg.vocab_size}"),
+        ("model / dtype / int8 decode / vocab",
+         f"{out['model']} / {out['dtype']} / {scheme or 'off'} / {cfg.vocab_size}"),
         ("decode batch 1, tok/s (step ms)", f"{1 / b1:.1f} ({b1 * 1e3:.1f})"),
         (f"decode batch {shape.batch}, tok/s (step ms)", f"{shape.batch / bk:.1f} ({bk * 1e3:.1f})"),
         (f"batch-{shape.batch} step / batch-1 step (goal <= 1.2)", f"{bk / b1:.2f}"),
         (f"prefill {shape.prompt} tokens, tok/s", f"{shape.prompt / pre:.0f}"),
         *[(f"batch-1 step: {k}, ms", f"{v * 1e3:.2f}") for k, v in split.items()],
+        *extra_rows,
     ]
     if args.against_llama is not None:
         gguf = args.gguf if args.gguf is not None else default_gguf()
@@ -252,6 +311,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
     parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                         help="auto: what the server would pick on this CPU")
+    parser.add_argument("--int8", choices=("off", *SCHEMES), default=None,
+                        help="int8 decode weights (default: $DCANVAS_DECODE_INT8, as the server; fp32 models only)")
     parser.add_argument("--batch", type=int, default=8, help="rows of the batched decode")
     parser.add_argument("--prompt", type=int, default=256, help="prefix tokens (prefill)")
     parser.add_argument("--tokens", type=int, default=32, help="decode steps a run")
