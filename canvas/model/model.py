@@ -315,8 +315,8 @@ class DiffusionModel(nn.Module):
 
         n_tail = cache.sliding_len()
         if T == 1 and attention_mask is None:
-            # A decode step of a real token: every cached key precedes the query and lies inside the window (the cache keeps
-            # window - 1), so the causal masks reduce to the keys' padding, and to none at all without padding.
+            # A decode step of a real token: every cached key precedes the query and lies inside the window (the
+            # cache keeps window - 1), so the causal masks reduce to the keys' padding, and to none without padding.
             full_mask = self._padding_mask(cache.key_valid[:, : start + 1])
             sliding_mask = self._padding_mask(cache.key_valid[:, start - n_tail : start + 1])
         else:
