@@ -15,6 +15,10 @@ With int8 decode weights (`--int8`, default `DCANVAS_DECODE_INT8` as the server 
 `canvas.model.int8`) the decode figures are the int8 ones, the same without int8 come beside them, and so does the
 int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their top-1 agreement with fp32, the mean
 KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
+What limits the step: `decode_bytes` counts the bytes one batch-1 step must read (weights, int8 where used, one
+expert in K of each layer, the head; plus the KV cache after the prefix), `read_bandwidth` times a sum over a
+256 MB tensor (best of 5, this process's threads): bytes over the step's time, against that, says how near memory
+speed the step runs.
 Every figure is the median of `--runs` runs. `--against-llama PATH` runs that `llama-bench` binary on the GGUF of
 the same weights (`--gguf`, default: the Q4_K_M file `dcanvas model build` joined into its cache) at the same
 thread count and prompt, in the same run, and prints our / its tok/s. llama.cpp is only a yardstick: never a
@@ -190,6 +194,34 @@ def int8_fidelity(model: DiffusionModel, scheme: Scheme, shape: ArShape) -> dict
             "ppl_ratio": float(torch.exp(nll[1] - nll[0])) if len(nxt) else 1.0}
 
 
+def decode_bytes(model: DiffusionModel, cache: KVCache) -> tuple[int, int]:
+    """(weight bytes, KV cache bytes) one batch-1 decode step reads: every layer's parameters with only top-k of its
+    experts, int8 copies in place of the projections that have them, the final norm and the LM head; the cached
+    keys and values each layer attends over (`cache`: one row)."""
+    weights = 0
+    for layer in model.blocks:
+        for name, p in layer.named_parameters():
+            n = p.numel() * p.element_size()
+            weights += n * layer.top_k // p.shape[0] if name.startswith("experts_") else n
+        for w, q in ((layer.attn.qkv, layer.attn.qkv_int8), (layer.attn.o_proj, layer.attn.o_proj_int8),
+                     (layer.mlp_gate_up, layer.mlp_gate_up_int8), (layer.mlp_down, layer.mlp_down_int8)):
+            if q is not None:
+                weights += w.numel() - w.numel() * w.element_size()  # 1 byte a weight instead
+    head = model.embed.numel()
+    weights += head if model.head_int8 is not None else head * model.embed.element_size()
+    weights += model.norm.numel() * model.norm.element_size()
+    kv = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+             for k, v in (cache.read(i) for i in range(len(cache.layers))))
+    return weights, kv
+
+
+def read_bandwidth() -> float:
+    """Bytes a second this process reads from memory: a sum over 256 MB of fp32 (written first, so no page is the
+    shared zero page), best of 5."""
+    a = torch.ones(64 << 20)
+    return a.numel() * a.element_size() / min(_wall_s(a.sum) for _ in range(5))
+
+
 # ---- llama.cpp ------------------------------------------------------------------------------------------------------
 def default_gguf() -> Path | None:
     """The Gemma 3 GGUF `dcanvas model build` joined into its cache, when there is one."""
@@ -263,6 +295,8 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
     bk = decode_s(model, shape, shape.batch)
     pre = prefill_s(model, shape)
     split = step_split(model, shape)
+    weight_bytes, kv_bytes = decode_bytes(model, _prefix(model, shape, 1)[1])
+    bandwidth = read_bandwidth()
     out: dict[str, Any] = {
         "model": str(args.model) if args.model is not None else cfg.name, "dtype": dtype_name(model.dtype),
         "decode_int8": scheme, "vocab": cfg.vocab_size, "prompt": shape.prompt, "tokens": shape.tokens,
@@ -271,6 +305,8 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
         f"decode_b{shape.batch}_tok_s": shape.batch / bk, f"decode_b{shape.batch}_step_ms": bk * 1e3,
         "batch_step_vs_b1": bk / b1, "prefill_tok_s": shape.prompt / pre, "prefill_ms": pre * 1e3,
         "split_ms": {k: v * 1e3 for k, v in split.items()},
+        "step_weight_mb": weight_bytes / 1e6, "step_kv_mb": kv_bytes / 1e6,
+        "step_gb_s": (weight_bytes + kv_bytes) / b1 / 1e9, "read_bandwidth_gb_s": bandwidth / 1e9,
     }
     if scheme is not None:
         out["without_int8"] = without
@@ -283,6 +319,8 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
         (f"batch-{shape.batch} step / batch-1 step (goal <= 1.2)", f"{bk / b1:.2f}"),
         (f"prefill {shape.prompt} tokens, tok/s", f"{shape.prompt / pre:.0f}"),
         *[(f"batch-1 step: {k}, ms", f"{v * 1e3:.2f}") for k, v in split.items()],
+        ("batch-1 step reads: weights + KV cache, MB", f"{weight_bytes / 1e6:.0f} + {kv_bytes / 1e6:.1f}"),
+        ("step GB/s / this machine's read GB/s", f"{out['step_gb_s']:.1f} / {bandwidth / 1e9:.1f}"),
         *extra_rows,
     ]
     if args.against_llama is not None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from canvas.bench_ar import SPLIT, ArShape, LlamaBenchError, bench_ar, llama_bench, register
+from canvas.bench_ar import SPLIT, ArShape, LlamaBenchError, bench_ar, decode_bytes, llama_bench, register
+from canvas.model import DiffusionModel, ModelConfig
+from canvas.model.int8 import quantize_decode
 
 
 def _args(*extra: str) -> argparse.Namespace:
@@ -38,6 +40,23 @@ def test_bench_ar_reports_decode_prefill_and_the_split() -> None:
     assert set(out["split_ms"]) == set(SPLIT) and all(v >= 0 for v in out["split_ms"].values())
     assert out["split_ms"]["head"] > 0 and out["split_ms"]["attention"] > 0
     assert {"cpu_kind", "torch", "git"} <= set(out["machine"]) and "llama" not in out
+    assert out["step_weight_mb"] > 0 and out["step_kv_mb"] > 0 and out["read_bandwidth_gb_s"] > 0
+
+
+def test_decode_bytes_count_one_expert_in_k_and_int8_weights_at_one_byte() -> None:
+    torch.manual_seed(0)
+    model = DiffusionModel(ModelConfig.from_name("tiny")).eval()
+    cfg = model.config
+    _, cache = model.encode(torch.randint(3, cfg.vocab_size, (1, 5)), logits="none")
+    weights, kv = decode_bytes(model, cache)
+    every = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.self_conditioning.parameters())
+    experts = sum(b.experts_gate_up.numel() + b.experts_down.numel() for b in model.blocks)
+    assert weights == 4 * (every - experts + experts * cfg.top_k_experts // cfg.num_experts)
+    assert kv == 4 * sum(2 * 5 * cfg.layer_kv_heads(i) * cfg.layer_head_dim(i) for i in range(cfg.num_hidden_layers))
+    quantize_decode(model, "weight")
+    quantized = model.embed.numel() + sum(b.attn.qkv.numel() + b.attn.o_proj.numel() + b.mlp_gate_up.numel()
+                                          + b.mlp_down.numel() for b in model.blocks)
+    assert decode_bytes(model, cache) == (weights - 3 * quantized, kv)
 
 
 def test_against_llama_reads_its_json_and_prints_the_ratio(tmp_path: Path) -> None:
