@@ -12,7 +12,10 @@ import torch.nn.functional as F
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.model.int8 import DECODE_ROWS, ENV_VAR, Int8Linear, decode_scheme, quantize_decode
 
-REAL = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcanvas" / "models" / "gemma3-270m-dg-32k"
+# A converted Gemma-3-270M that `dcanvas model build` left in its cache (any vocabulary size).
+_BUILT = sorted((Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcanvas" / "models").glob(
+    "gemma3-270m-dg*/config.json"))
+REAL = _BUILT[0].parent if _BUILT else Path("no-converted-gemma3")
 
 
 @pytest.fixture()
