@@ -215,6 +215,21 @@ def decode_bytes(model: DiffusionModel, cache: KVCache) -> tuple[int, int]:
     return weights, kv
 
 
+# The x86 features that decide which int8 and bf16 kernels a CPU runs natively (canvas.model.cpu reads only the
+# ones that pick the dtype): beside every figure, so an AVX-512 VNNI box is not mistaken for an AVX2-only one.
+_SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def simd_flags() -> list[str]:
+    """Which of `_SIMD_FLAGS` /proc/cpuinfo reports (empty where it is unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in _SIMD_FLAGS if f in flags]
+
+
 def read_bandwidth() -> float:
     """Bytes a second this process reads from memory: a sum over 256 MB of fp32 (written first, so no page is the
     shared zero page), best of 5."""
@@ -338,9 +353,10 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
             (f"llama.cpp prefill {shape.prompt}, tok/s", f"{llama['prefill_tok_s']:.0f}"),
             ("ours / llama.cpp prefill (goal >= 1.5)", f"{llama['prefill_ratio']:.2f}"),
         ]
-    out["machine"] = machine()
+    out["machine"] = {**machine(), "simd": simd_flags()}
     print_table(f"AR decoding, {out['model']}, {out['dtype']}, {torch.get_num_threads()} threads "
-                f"(median of {shape.runs}, {out['machine']['cpu_kind']})", rows)
+                f"(median of {shape.runs}; CPU {', '.join(out['machine']['simd']) or out['machine']['cpu_kind']})",
+                rows)
     return out
 
 

@@ -41,6 +41,7 @@ def test_bench_ar_reports_decode_prefill_and_the_split() -> None:
     assert out["split_ms"]["head"] > 0 and out["split_ms"]["attention"] > 0
     assert {"cpu_kind", "torch", "git"} <= set(out["machine"]) and "llama" not in out
     assert out["step_weight_mb"] > 0 and out["step_kv_mb"] > 0 and out["read_bandwidth_gb_s"] > 0
+    assert isinstance(out["machine"]["simd"], list)
 
 
 def test_decode_bytes_count_one_expert_in_k_and_int8_weights_at_one_byte() -> None:
