@@ -14,7 +14,9 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
   and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
-  useless (on the converted Gemma-3-270M, dynamic there alone moves top-1 on every position).
+  useless (on the converted Gemma-3-270M, dynamic there alone moves top-1 on every position). Even so it is far
+  from fp32 on that model (24 decode steps of English text, teacher-forced: mean KL 0.06 nats, top-1 79 %; "weight":
+  0.004 nats, 92 %): an option to measure, not to serve, until per-channel activation scales tame the outliers.
 Invariants: only passes of at most `DECODE_ROWS` rows (batch x tokens) through `DiffusionModel.encode` use them
 (`encode` decides); prefill, the denoiser and training keep the model's dtype and exact numerics. The int8 copies
 live beside the fp32 weights (about a quarter more memory) and are rebuilt by calling `quantize_decode` again
