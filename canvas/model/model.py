@@ -1,7 +1,9 @@
 """Our own DiffusionGemma text model: one set of weights run two ways, gpt-fast style.
 
 - `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
-  their window) and returns the AR next-token logits.
+  their window) and returns the AR next-token logits. Its decode step (T = 1, any B) builds no causal mask and
+  appends sliding keys in place while the window has room (same values as the general path); passes of at most
+  `DECODE_ROWS` rows go through int8 weight copies where `canvas.model.int8.quantize_decode` attached them.
 - `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
   (softmax of the previous step's logits @ embeddings through a gated MLP) when given; skipped, exactly, while that
   MLP is all zeros (`SelfConditioning.inert`, a converted checkpoint). `logits_at` runs the final norm and the LM
