@@ -1,7 +1,9 @@
 """Our own DiffusionGemma text model: one set of weights run two ways, gpt-fast style.
 
 - `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
-  their window) and returns the AR next-token logits.
+  their window) and returns the AR next-token logits. Its decode step (T = 1, any B) builds no causal mask and
+  appends sliding keys in place while the window has room (same values as the general path); passes of at most
+  `DECODE_ROWS` rows go through int8 weight copies where `canvas.model.int8.quantize_decode` attached them.
 - `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
   (softmax of the previous step's logits @ embeddings through a gated MLP) when given; skipped, exactly, while that
   MLP is all zeros (`SelfConditioning.inert`, a converted checkpoint). `logits_at` runs the final norm and the LM
@@ -26,11 +28,13 @@ from torch import Tensor, nn
 
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
+from canvas.model.int8 import DECODE_ROWS
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
 from kernels.soft_embed import soft_embedding
 
 if TYPE_CHECKING:
+    from canvas.model.int8 import Int8Linear, Scheme
     from canvas.sampler import SamplerConfig
 
 # Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
@@ -46,6 +50,11 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
         return torch.cat([rotated, torch.zeros(head_dim // 2 - n_rot)])
     dim = int(head_dim * rope.partial_rotary_factor)
     return 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+def linear(x: Tensor, weight: Tensor, int8: Int8Linear | None, quant: bool) -> Tensor:
+    """`F.linear(x, weight)`, through the weight's int8 copy when the pass asks for it (`quant`) and one exists."""
+    return int8(x) if quant and int8 is not None else F.linear(x, weight)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -75,6 +84,8 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(D))
         self.k_norm = nn.Parameter(torch.ones(D))
         self.register_buffer("inv_freq", rope_inv_freq(cfg.rope(layer), D), persistent=False)
+        self.qkv_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
+        self.o_proj_int8: Int8Linear | None = None
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions (B, T) -> cos, sin (B, T, 1, D)."""
@@ -82,11 +93,11 @@ class Attention(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def project(self, x: Tensor, positions: Tensor, quant: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, M) -> q (B, H, T, D), k (B, G, T, D), v (B, G, T, D)."""
         B, T, _ = x.shape
         H, G, D = self.n_heads, self.n_kv, self.head_dim
-        qkv = F.linear(x, self.qkv)
+        qkv = linear(x, self.qkv, self.qkv_int8, quant)
         q = qkv[..., : H * D].view(B, T, H, D)
         k = qkv[..., H * D : (H + G) * D].view(B, T, G, D)
         v = qkv[..., (H + G) * D :].view(B, T, G, D) if self.has_v else k
@@ -96,11 +107,11 @@ class Attention(nn.Module):
         v = rms_norm(v, None, self.eps)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, quant: bool = False) -> Tensor:
         """q (B, H, T, D), k/v (B, G, S', D), mask broadcastable to (B, H, T, S') bool or None -> (B, T, H*D)."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=self.n_kv != self.n_heads)
         B, _, T, _ = out.shape
-        return F.linear(out.transpose(1, 2).reshape(B, T, -1), self.o_proj)
+        return linear(out.transpose(1, 2).reshape(B, T, -1), self.o_proj, self.o_proj_int8, quant)
 
 
 class Block(nn.Module):
@@ -132,6 +143,8 @@ class Block(nn.Module):
         self.experts_down = nn.Parameter(torch.empty(E, M, I_))
         self.register_buffer("encoder_scalar", torch.ones(1))
         self.register_buffer("decoder_scalar", torch.ones(1))
+        self.mlp_gate_up_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
+        self.mlp_down_int8: Int8Linear | None = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (N, M) -> top-k weights (N, K) fp32 (renormalised, times per-expert scale), ids (N, K)."""
@@ -141,12 +154,12 @@ class Block(nn.Module):
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * self.per_expert_scale[ids], ids
 
-    def feed_forward(self, x: Tensor) -> Tensor:
+    def feed_forward(self, x: Tensor, quant: bool = False) -> Tensor:
         """Dense MLP and routed experts side by side, both on the post-attention residual stream. (B, T, M)."""
         B, T, M = x.shape
         h = rms_norm(x, self.pre_feedforward_layernorm, self.eps)
-        gate, up = F.linear(h, self.mlp_gate_up).chunk(2, dim=-1)
-        dense = F.linear(F.gelu(gate, approximate="tanh") * up, self.mlp_down)
+        gate, up = linear(h, self.mlp_gate_up, self.mlp_gate_up_int8, quant).chunk(2, dim=-1)
+        dense = linear(F.gelu(gate, approximate="tanh") * up, self.mlp_down, self.mlp_down_int8, quant)
         flat = x.reshape(-1, M)
         weights, ids = self.route(flat)
         routed = fused_moe(rms_norm(flat, self.pre_feedforward_layernorm_2, self.eps), weights, ids,
@@ -196,6 +209,8 @@ class DiffusionModel(nn.Module):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.self_conditioning = SelfConditioning(config)
+        self.head_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
+        self.decode_int8: Scheme | None = None
         if init:
             self.reset_parameters()
 
@@ -244,9 +259,9 @@ class DiffusionModel(nn.Module):
     def embed_tokens(self, ids: Tensor) -> Tensor:
         return F.embedding(ids, self.embed) * torch.tensor(self.config.embed_scale, dtype=self.dtype)
 
-    def logits(self, h: Tensor) -> Tensor:
+    def logits(self, h: Tensor, quant: bool = False) -> Tensor:
         """Final norm, tied LM head, fp32 softcap. (..., M) -> (..., V) fp32."""
-        out = F.linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.embed).float()
+        out = linear(rms_norm(h, self.norm, self.config.rms_norm_eps), self.embed, self.head_int8, quant).float()
         cap = self.config.final_logit_softcapping
         if not cap:
             return out
@@ -256,18 +271,19 @@ class DiffusionModel(nn.Module):
         return out.div_(cap).tanh_().mul_(cap)
 
     def run_layers(self, x: Tensor, positions: Tensor, kv: KVSource, *, decoder: bool,
-                   on_residual: Callable[[Block, Tensor], None] | None = None) -> Tensor:
+                   on_residual: Callable[[Block, Tensor], None] | None = None, quant: bool = False) -> Tensor:
         """The layer stack over hidden states x (B, T, M) at `positions` (B, T), shared by `encode`, `denoise` and
         the training objective. `on_residual(layer, h)` sees each post-attention residual (the router's input);
-        the objective takes its load-balance loss there. Keeps the autograd graph when grad is enabled."""
+        the objective takes its load-balance loss there. Keeps the autograd graph when grad is enabled. `quant`:
+        the dense projections go through their int8 copies where the model has them (`encode`'s decode steps)."""
         for i, layer in enumerate(self.blocks):
             attn = layer.attn
-            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions)
+            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions, quant)
             keys, values, mask = kv(i, k, v)
-            h = rms_norm_add(attn.attend(q, keys, values, mask), x, layer.post_attention_layernorm, layer.eps)
+            h = rms_norm_add(attn.attend(q, keys, values, mask, quant), x, layer.post_attention_layernorm, layer.eps)
             if on_residual is not None:
                 on_residual(layer, h)
-            x = layer.feed_forward(h) * (layer.decoder_scalar if decoder else layer.encoder_scalar)
+            x = layer.feed_forward(h, quant) * (layer.decoder_scalar if decoder else layer.encoder_scalar)
         return x
 
     # ---- encoder ----------------------------------------------------------------------------------------------
@@ -299,16 +315,26 @@ class DiffusionModel(nn.Module):
         cache.key_valid[:, start : start + T] = valid
         x = self.embed_tokens(input_ids)  # (B, T, M)
 
-        q_pos = torch.arange(start, start + T, device=dev)
-        full_keys_valid = cache.key_valid[:, : start + T]
-        full_mask = self._causal_mask(q_pos, torch.arange(start + T, device=dev), full_keys_valid, None)
         n_tail = cache.sliding_len()
-        tail_pos = torch.arange(start - n_tail, start + T, device=dev)
-        sliding_mask = self._causal_mask(q_pos, tail_pos, cache.key_valid[:, start - n_tail : start + T],
-                                         self.config.sliding_window)
+        if T == 1 and attention_mask is None:
+            # A decode step of a real token: every cached key precedes the query and lies inside the window (the
+            # cache keeps window - 1), so the causal masks reduce to the keys' padding, and to none without padding.
+            full_mask = self._padding_mask(cache.key_valid[:, : start + 1])
+            sliding_mask = self._padding_mask(cache.key_valid[:, start - n_tail : start + 1])
+        else:
+            q_pos = torch.arange(start, start + T, device=dev)
+            full_mask = self._causal_mask(q_pos, torch.arange(start + T, device=dev), cache.key_valid[:, : start + T],
+                                          None)
+            tail_pos = torch.arange(start - n_tail, start + T, device=dev)
+            sliding_mask = self._causal_mask(q_pos, tail_pos, cache.key_valid[:, start - n_tail : start + T],
+                                             self.config.sliding_window)
 
         def write_cache(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
             lkv = cache.layers[i]
+            if lkv.sliding and n_tail + T <= lkv.k.shape[2]:  # the window has room: append in place, no copy
+                lkv.k[:, :, n_tail : n_tail + T] = k
+                lkv.v[:, :, n_tail : n_tail + T] = v
+                return lkv.k[:, :, : n_tail + T], lkv.v[:, :, : n_tail + T], sliding_mask
             if lkv.sliding:  # the window's tail, then these tokens; the cache keeps the last window - 1
                 keys = torch.cat([lkv.k[:, :, :n_tail], k], dim=2)
                 vals = torch.cat([lkv.v[:, :, :n_tail], v], dim=2)
@@ -320,13 +346,20 @@ class DiffusionModel(nn.Module):
             lkv.v[:, :, start : start + T] = v
             return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask
 
-        x = self.run_layers(x, positions, write_cache, decoder=False)
+        # Decode steps (a few rows) go through the int8 weights when the model has them; prefill never does.
+        quant = self.decode_int8 is not None and B * T <= DECODE_ROWS
+        x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
         cache.length = start + T
         cache.row_length.fill_(cache.length)
         cache.next_pos = torch.full((B,), cache.length, dtype=torch.long, device=dev)
         if logits == "none":
             return None, cache
-        return self.logits(x if logits == "all" else x[:, -1:]), cache
+        return self.logits(x if logits == "all" else x[:, -1:], quant), cache
+
+    @staticmethod
+    def _padding_mask(k_valid: Tensor) -> Tensor | None:
+        """(B, 1, 1, S) bool from the keys' validity (B, S); None when every key is valid (SDPA unmasked)."""
+        return None if bool(k_valid.all()) else k_valid[:, None, None, :]
 
     @staticmethod
     def _causal_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, window: int | None) -> Tensor:

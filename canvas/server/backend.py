@@ -136,11 +136,14 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     `dtype` "auto" picks what this CPU computes fastest (`canvas.model.cpu`: bf16 on AMX / avx512_bf16 CPUs where a
     probe confirms it, fp32 elsewhere and for small models; `DCANVAS_DTYPE` overrides). `threads` sets torch's
     intra-op threads, by default to the physical cores this process may use. The process's allocator keeps large
-    freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`)."""
+    freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`). `DCANVAS_DECODE_INT8=weight|dynamic`
+    gives an fp32 model int8 weights for its AR decode steps (`canvas.model.int8`; off by default)."""
+    import torch
     from transformers import AutoTokenizer
 
     from canvas.model import load_pretrained
     from canvas.model.cpu import configure_allocator, configure_threads, parameter_count, resolve_dtype
+    from canvas.model.int8 import decode_scheme, quantize_decode
     from canvas.model.io import read_config
 
     path = Path(model_dir)
@@ -149,6 +152,9 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     configure_threads(threads)  # before the probe in resolve_dtype, which times at this thread count
     configure_allocator()
     model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path))))
+    scheme = decode_scheme()  # DCANVAS_DECODE_INT8: int8 weights for AR decode steps (fp32 models; default off)
+    if scheme is not None and model.dtype == torch.float32:
+        quantize_decode(model, scheme)
     sampler_defaults = load_sampler_defaults(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     bos_id, eos_id, null_id = _special_ids(tok, model.config)

@@ -1,0 +1,113 @@
+"""Int8 matmuls for the encoder's decode steps: the few-row passes of AR decoding read 4x fewer weight bytes.
+
+Owns `Int8Linear` (one weight, quantised once per output channel), `quantize_decode` (attaches them to a model's
+dense projections and its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting) and `DECODE_ROWS`.
+
+Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
+a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (the 32k
+head at 8 rows: 10x its one-row time), which makes the batched step cost nearly what 8 steps do.
+
+Schemes (fp32 models only; a bf16 model keeps its own path):
+- "weight": weight-only int8 (`aten._weight_int8pack_mm`) with bf16 activations, every projection. The kernel needs
+  the reduced dimension to be a multiple of 16 (torch 2.13 returns garbage or crashes otherwise), so such weights are
+  stored zero-padded and their inputs padded to match. The closer of the two to fp32.
+- "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
+  tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
+  and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
+  useless (on the converted Gemma-3-270M, dynamic there alone moves top-1 on every position). Even so it is far
+  from fp32 on that model (24 decode steps of English text, teacher-forced: mean KL 0.06 nats, top-1 79 %; "weight":
+  0.004 nats, 92 %): an option to measure, not to serve, until per-channel activation scales tame the outliers.
+Invariants: only passes of at most `DECODE_ROWS` rows (batch x tokens) through `DiffusionModel.encode` use them
+(`encode` decides); prefill, the denoiser and training keep the model's dtype and exact numerics. The int8 copies
+live beside the fp32 weights (about a quarter more memory) and are rebuilt by calling `quantize_decode` again
+after the weights change. Fidelity is measured, not assumed: `dcanvas bench ar --int8 SCHEME` reports the top-1
+agreement and KL of int8 decode steps against fp32 on the same prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from canvas.model.model import DiffusionModel
+
+Scheme = Literal["dynamic", "weight"]
+SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight")
+ENV_VAR = "DCANVAS_DECODE_INT8"
+# Passes of at most this many rows use the int8 weights: AR steps of a few sequences, not prefill or a canvas.
+DECODE_ROWS = 16
+_PACK_MULTIPLE = 16  # `_weight_int8pack_mm`'s reduced dimension must be a multiple of this
+
+
+class Int8Linear:
+    """`F.linear(x, weight)` for x (..., K) fp32 -> (..., N) fp32 through int8 weights (see the module docstring)."""
+
+    def __init__(self, weight: Tensor, scheme: Scheme) -> None:
+        if weight.dim() != 2 or weight.dtype != torch.float32:
+            raise ValueError(f"Int8Linear takes a 2-D fp32 weight, got {tuple(weight.shape)} {weight.dtype}")
+        if scheme not in SCHEMES:
+            raise ValueError(f"int8 scheme must be one of {SCHEMES}, got {scheme!r}")
+        self.scheme: Scheme = scheme
+        self.out_features, self.in_features = weight.shape
+        w = weight.detach()
+        # Symmetric per-output-channel scales; an all-zero row keeps scale 1 (any scale represents it exactly).
+        scale = (w.abs().amax(dim=1) / 127).masked_fill_(w.abs().amax(dim=1) == 0, 1.0)  # (N,)
+        self._packed: Any = None
+        if scheme == "dynamic":
+            with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
+                warnings.simplefilter("ignore", UserWarning)
+                qw = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
+                                                torch.qint8)
+            self._packed = torch.ops.quantized.linear_prepack(qw, None)
+        else:
+            q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
+            self._pad = -self.in_features % _PACK_MULTIPLE
+            self._q = F.pad(q, (0, self._pad)) if self._pad else q.contiguous()  # (N, K + pad)
+            self._scale = scale.to(torch.bfloat16)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.in_features)  # (R, K)
+        if self.scheme == "dynamic":
+            out = torch.ops.quantized.linear_dynamic(flat.contiguous(), self._packed, True)  # reduce_range
+        else:
+            xb = flat.to(torch.bfloat16)
+            if self._pad:
+                xb = F.pad(xb, (0, self._pad))
+            out = torch.ops.aten._weight_int8pack_mm(xb, self._q, self._scale).float()
+        return out.view(*lead, self.out_features)
+
+
+def decode_scheme(choice: str | None = None) -> Scheme | None:
+    """The int8 scheme for decode steps: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "", "off" or
+    unset: none)."""
+    raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
+    if raw in ("", "off", "none", "0"):
+        return None
+    if raw not in SCHEMES:
+        raise ValueError(f"{ENV_VAR} must be one of {('off', *SCHEMES)}, got {raw!r}")
+    return "dynamic" if raw == "dynamic" else "weight"
+
+
+def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionModel:
+    """Attach int8 copies of every layer's q/k/v, output, dense gate/up and down projections and of the LM head to
+    `model` (in place, returned), or drop them (`scheme` None). The attention output is weight-only under either
+    scheme (see the module docstring). The routed experts stay as they are: one small expert a token, a few percent
+    of a step's bytes."""
+    if scheme is not None and model.dtype != torch.float32:
+        raise ValueError(f"int8 decode needs an fp32 model, this one is {model.dtype}")
+    with torch.no_grad():
+        for layer in model.blocks:
+            layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
+            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, "weight")
+            layer.mlp_gate_up_int8 = None if scheme is None else Int8Linear(layer.mlp_gate_up, scheme)
+            layer.mlp_down_int8 = None if scheme is None else Int8Linear(layer.mlp_down, scheme)
+        model.head_int8 = None if scheme is None else Int8Linear(model.embed, scheme)
+    model.decode_int8 = scheme
+    return model
