@@ -51,7 +51,8 @@ class Actors:
         """A new document with one word masked: (doc_id, version)."""
         s = await c.open(text=TEXT, name=name)
         start = self.rng.choice([i for i in range(1, len(TEXT) - 4) if TEXT[i - 1] == " " and TEXT[i].isalpha()])
-        end = TEXT.index(" ", start)
+        end = TEXT.find(" ", start)
+        end = len(TEXT) - 1 if end < 0 else end  # the last word: up to the full stop
         s = await c.edit(s.doc_id, s.v, [MaskOp(start=start, end=end)])
         return s.doc_id, s.v
 
@@ -185,6 +186,7 @@ class Actors:
         return "admitted"
 
     def _lost_or_error(self, who: str, e: Exception) -> None:
+        self.log.skipped[who] += 1  # did not run to its end (the server was killed, or refused to set it up)
         if isinstance(e, ConnectionLost):
             self.log.lost.append((self._now(), e.code, who))
         elif isinstance(e, ProtocolError):

@@ -9,7 +9,8 @@ lag (`/health`) every 2 s. At the end the writers finish, the faults stop, the s
 on the same database, every writer's document is read back through it, and the store itself is read
 (`canvas.soak.checker`). Prints a summary and, as the last line, one JSON report; exits 1 on any violation or when
 the server's RSS or descriptors grew by more than 10% after warm-up. Everything runs in a temporary folder (or
-`--workdir`), which keeps the server's log and database.
+`--workdir`), which keeps the server's log, its database and the report. With `--ray` the server's engine runs as
+Ray Serve replicas on a local Ray that this process starts and stops, and `ray_kill` kills one's process now and then.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -93,19 +96,23 @@ def flatness(samples: list[Sample], attr: str) -> dict[str, Any]:
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+    def __init__(self, args: argparse.Namespace, workdir: Path, ray_address: str | None = None) -> None:
         self.args = args
         self.seconds = float(args.minutes) * 60
-        self.kinds = parse_faults(args.faults)
+        self.kinds = parse_faults(args.faults, ray=args.ray)
         self.schedule = draw(args.seed, self.seconds, self.kinds)
         self.server = ServerProc(ServerArgs(
             db=workdir / "docs.db", control=workdir / "faults.json", log=workdir / "server.log", model=args.model,
-            threads=args.threads, max_batch=args.max_batch, max_queue=args.max_queue))  # fmt: skip
+            threads=args.threads, max_batch=args.max_batch, max_queue=args.max_queue, ray_address=ray_address,
+            replicas=args.replicas))  # fmt: skip
         self.faults = Faults(workdir / "faults.json", args.seed)
         self.kills: list[tuple[float, float]] = []
         self.samples: list[Sample] = []
         self.fired: Counter[str] = Counter()
         self.restart_s: list[float] = []
+        self.harness: list[str] = []  # faults that could not be applied (counted as violations)
+        self.replicas_killed: list[str] = []
+        self.rng = random.Random(args.seed)
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -124,6 +131,12 @@ class Soak:
 
     async def _fire(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
         self.fired[f.kind] += 1
+        try:
+            await self._fire_one(f, actors, writers)
+        except Exception as e:  # noqa: BLE001 (a fault that could not be applied spoils the run, not the report)
+            self.harness.append(f"t={self._now()}: fault {f.kind} raised {type(e).__name__}: {e}")
+
+    async def _fire_one(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
         if f.kind == "kill":
             t = self._now()
             await asyncio.to_thread(self.server.kill9)
@@ -137,10 +150,23 @@ class Soak:
             await actors.drop()
         elif f.kind == "stall":
             await actors.stall(f.duration_s, [w.log.doc_id for w in writers if w.log.doc_id])
+        elif f.kind == "ray_kill":
+            await asyncio.to_thread(self._kill_replica)
         elif f.kind == "burst":
             queue = (await asyncio.to_thread(self.server.health)).get("queue") or {}
             size = int(queue.get("row_cap") or self.args.max_batch) + int(queue.get("max_queue") or 8) + 4
             await actors.burst(size)
+
+    def _kill_replica(self) -> None:
+        """kill -9 of an engine replica's process, one running a generation of this ingress if there is one."""
+        queue = self.server.health().get("queue") or {}
+        replicas = [r for r in queue.get("replicas") or [] if r.get("pid")]
+        if not replicas:
+            raise RuntimeError("no engine replica to kill")
+        busy = [r for r in replicas if (queue.get("running_by_replica") or {}).get(str(r.get("replica")))]
+        victim = self.rng.choice(busy or replicas)
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        self.replicas_killed.append(str(victim.get("replica")))
 
     async def _faults(self, actors: Actors, writers: list[Writer]) -> None:
         running: list[asyncio.Task[None]] = []
@@ -183,6 +209,7 @@ class Soak:
         try:
             violations = [v for log in logs for v in check_writer(log, self.kills)]
             violations += check_actors(actors.log, self.kills) + check_final(logs, finals) + check_store(store, logs)
+            violations += [f"harness: {x}" for x in self.harness]
         finally:
             store.close()
         return self._report(logs, actors, violations, wall, last_health)
@@ -216,9 +243,11 @@ class Soak:
             "ok": not violations and rss["flat"] is not False and fds["flat"] is not False,
             "faults_fired": dict(self.fired), "schedule": [[f.at_s, f.kind, f.duration_s] for f in self.schedule],
             "kills": [[round(x, 1), round(y, 1)] for x, y in self.kills],
+            "replicas_killed": self.replicas_killed,
             "restart_s": [round(x, 1) for x in self.restart_s],
             "acknowledged_changes": sum(1 for log in logs for s in log.steps if s.how.startswith("ack:")),
             "reconciles": sum(1 for log in logs for s in log.steps if s.how == "reconcile"),
+            "in_flight_when_lost": dict(_in_flight(logs)),
             "connections_lost": sum(len(log.lost) for log in logs),
             "generations": dict(statuses),
             "generations_per_min": round(statuses.get("completed", 0) * 60 / wall, 1) if wall else None,
@@ -238,22 +267,53 @@ class Soak:
         }
 
 
+def _in_flight(logs: list[WriterLog]) -> Counter[str]:
+    """The requests whose answer a lost connection took, by kind, and whether the store had applied them."""
+    out: Counter[str] = Counter()
+    for log in logs:
+        for prev, cur in zip(log.steps, log.steps[1:], strict=False):
+            if cur.how == "reconcile" and cur.inflight is not None:
+                applied = "applied" if cur.state.v > prev.state.v else "not applied"
+                out[f"{cur.inflight.split(':')[0]} {applied}"] += 1
+    return out
+
+
 def _print(r: dict[str, Any]) -> None:
     print(f"soak seed {r['seed']}: {r['sessions']} writers for {r['wall_s']} s, faults {r['faults_fired']}; "
           f"{r['violations']} violations")  # fmt: skip
     for v in r["violation_list"]:
         print(f"  VIOLATION {v}")
-    print(f"acknowledged changes {r['acknowledged_changes']}, reconciles {r['reconciles']}, connections lost "
-          f"{r['connections_lost']}; generations {r['generations']} ({r['generations_per_min']}/min); "
+    print(f"acknowledged changes {r['acknowledged_changes']}, reconciles {r['reconciles']} (in flight when lost: "
+          f"{r['in_flight_when_lost']}), connections lost {r['connections_lost']}")
+    print(f"generations {r['generations']} ({r['generations_per_min']}/min); "
           f"proposals told {r['proposals_told']}, accepted {r['accepted']}, rejected {r['rejected']}")  # fmt: skip
     print(f"refusals {r['refusals']}; errors {r['errors_by_code']}; actors {r['actors']}")
     print(f"server RSS {r['server_rss_mib']}; fds {r['server_fds']}; loop lag p99 {r['loop_lag_p99_ms']}; "
           f"restarts took {r['restart_s']} s")  # fmt: skip
 
 
+def _start_ray(replicas: int) -> str:
+    """A local Ray owned by this process (the servers join it): a killed server leaves it, and the application it
+    deployed, running for the next one; `_stop_ray` ends it, and nobody else's."""
+    import ray
+
+    ray.init(num_cpus=replicas + 1, include_dashboard=False, log_to_driver=False)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        parse_faults(args.faults)
+        parse_faults(args.faults, ray=args.ray)
     except ValueError as e:
         print(f"dcanvas bench soak: {e}", file=sys.stderr)
         return 2
@@ -266,12 +326,18 @@ def run(args: argparse.Namespace) -> int:
         (workdir / "docs.db").unlink(missing_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="dcanvas-soak-"))
-    soak = Soak(args, workdir)
+    ray_address = _start_ray(args.replicas) if args.ray else None
     try:
-        report = asyncio.run(soak.run())
+        soak = Soak(args, workdir, ray_address)
+        try:
+            report = asyncio.run(soak.run())
+        finally:
+            soak.server.kill9()
     finally:
-        soak.server.kill9()
+        if args.ray:
+            _stop_ray()
     report["workdir"] = str(workdir)
+    (workdir / "report.json").write_text(json.dumps(report, indent=1))
     _print(report)
     print(json.dumps(report))
     return 0 if report["ok"] else 1
@@ -286,6 +352,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="the server's --threads")
     parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
     parser.add_argument("--max-queue", default="auto", help="the server's --max-queue")
+    parser.add_argument("--ray", action="store_true", help="the server's engine as Ray Serve replicas (a local Ray)")
+    parser.add_argument("--replicas", type=int, default=2, help="with --ray: engine replicas")
     parser.add_argument("--gen-steps", default="8,12,16", help="max_steps the writers ask for (comma-separated)")
     parser.add_argument("--workdir", default=None, help="keep the database and server log here (default: a temp dir)")
     parser.set_defaults(func=run)

@@ -2,7 +2,7 @@
 stopped at the end; and what it uses (RSS, open descriptors, /health) sampled while it runs.
 
 Invariant: at most one server process at a time, always reaped (`stop` or `kill9`); a restart reuses the port, so
-clients reconnect to the same URL.
+clients reconnect to the same URL. With `ray_address` it serves once all its engine replicas have posted figures.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class ServerArgs:
     threads: int | None = None
     max_batch: int = 4
     max_queue: str = "auto"
+    ray_address: str | None = None  # engine replicas on this Ray cluster (`dcanvas serve --ray`); None: no Ray
+    replicas: int = 2
 
 
 class ServerProc:
@@ -75,7 +77,14 @@ class ServerProc:
                "--log-level", "warning", "--max-batch", str(a.max_batch), "--max-queue", a.max_queue]  # fmt: skip
         cmd += ["--model", a.model] if a.model else []  # fmt: skip
         cmd += ["--threads", str(a.threads)] if a.threads else []  # fmt: skip
+        if a.ray_address is not None:  # the application outlives a killed ingress: the next one finds it deployed
+            cmd += ["--ray", "--replicas", str(a.replicas), "--ray-address", a.ray_address, "--ray-app", "soak"]
         return cmd
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """The engine replicas that posted figures lately (`--ray`), each with its `replica` id and `pid`."""
+        out: list[dict[str, Any]] = (self.health().get("queue") or {}).get("replicas") or []
+        return out
 
     def start(self, timeout: float = 180.0) -> float:
         """Start the server and wait until /health answers; the seconds that took."""
@@ -87,7 +96,8 @@ class ServerProc:
         self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.starts += 1
         while True:
-            if self.health(timeout=1.0):
+            ray = self.args.ray_address is not None
+            if self.health(timeout=1.0) and (not ray or len(self.replicas()) >= self.args.replicas):
                 return time.monotonic() - t0
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.args.log}")

@@ -69,7 +69,8 @@ class WriterLog:
     steps: list[Step] = field(default_factory=list)
     lost: list[tuple[float, int | None, str | None]] = field(default_factory=list)  # (t, close code, in flight)
     errors: Counter[str] = field(default_factory=Counter)  # typed errors by code (refusals apart)
-    refusals: Counter[str] = field(default_factory=Counter)  # "queue" or "store" (busy), "rate" (rate_limited)
+    # busy: "queue" (the queue is full), "store" / "store_full" (the store could not write); "rate": rate_limited
+    refusals: Counter[str] = field(default_factory=Counter)
     untyped: list[str] = field(default_factory=list)  # internal errors, failed generations
     unanswered: list[str] = field(default_factory=list)  # requests without any answer within the timeout
     gens: dict[str, str] = field(default_factory=dict)  # gen -> its gen.done status, or "lost" with the connection
@@ -203,7 +204,8 @@ class Writer:
     async def _refused(self, e: ProtocolError) -> bool:
         """A retryable refusal: counted, waited out as the server said. False for any other error."""
         if e.code is ErrorCode.BUSY:
-            self.log.refusals["store" if (e.data or {}).get("unavailable") else "queue"] += 1
+            why = str((e.data or {}).get("unavailable") or "")
+            self.log.refusals[("store_full" if "full" in why else "store") if why else "queue"] += 1
         elif e.code is ErrorCode.RATE_LIMITED:
             self.log.refusals["rate"] += 1
         else:

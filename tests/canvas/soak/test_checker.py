@@ -100,7 +100,9 @@ def test_the_schedule_is_drawn_from_the_seed() -> None:
     assert [f.at_s for f in a] == sorted(f.at_s for f in a)
     hour = draw(1, 3600, FAULTS)
     assert sum(f.kind == "kill" for f in hour) == 9 and len(hour) > 60
-    assert parse_faults("all") == FAULTS and parse_faults("none") == ()
-    assert parse_faults("kill, drop") == ("kill", "drop")
-    with pytest.raises(ValueError, match="unknown fault 'ray_kill'"):
+    assert parse_faults("all", ray=True) == FAULTS and parse_faults("none") == ()
+    assert "ray_kill" not in parse_faults("all") and parse_faults("kill, drop") == ("kill", "drop")
+    with pytest.raises(ValueError, match="unknown fault 'replica'"):
+        parse_faults("kill,replica")
+    with pytest.raises(ValueError, match="needs --ray"):
         parse_faults("kill,ray_kill")
