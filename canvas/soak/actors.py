@@ -107,6 +107,7 @@ class Actors:
                 if s.v != v or s.gen not in (None, gen.gen):
                     self.log.violations.append(f"drop: document {doc_id} at v{s.v} (gen {s.gen}) after the drop, "
                                                f"was v{v}")  # fmt: skip
+                await self._delete(c2, doc_id)
         except (ConnectionLost, ProtocolError, OSError) as e:
             self._lost_or_error("drop-check", e)
             return
@@ -162,6 +163,8 @@ class Actors:
             results = await asyncio.gather(*(self._one(c, d, v) for c, (d, v) in zip(clients, docs, strict=True)))
             if not any(r == "refused" for r in results):
                 self.log.violations.append(f"burst: {len(clients)} generations at once and none refused")
+            for c, (d, _) in zip(clients, docs, strict=True):
+                await self._delete(c, d)
             self.log.done["burst"] += 1
         except (ConnectionLost, ProtocolError) as e:
             self._lost_or_error("burst", e)
@@ -184,6 +187,19 @@ class Actors:
         if done.status == "failed":
             self.log.untyped.append(f"{self._now()}: burst generation {done.gen} failed: {done.message}")
         return "admitted"
+
+    async def _delete(self, c: DcanvasClient, doc_id: str) -> None:
+        """The actors' documents go once used, so that an hour of them stays under the server's `max_docs`."""
+        for _ in range(10):
+            try:
+                await c.delete(doc_id)
+                return
+            except ProtocolError as e:
+                if not (e.code is ErrorCode.BUSY and e.retryable):  # busy: the store could not write; retry
+                    self._error("doc.delete", e)
+                    return
+                self.log.refusals += 1
+                await asyncio.sleep(min(3.0, float((e.data or {}).get("retry_after_s") or 0.5)))
 
     def _lost_or_error(self, who: str, e: Exception) -> None:
         self.log.skipped[who] += 1  # did not run to its end (the server was killed, or refused to set it up)

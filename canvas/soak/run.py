@@ -232,7 +232,7 @@ class Soak:
         for log in logs:
             refusals.update(log.refusals)
             errors.update(log.errors)
-        refusals["burst"] = actors.log.refusals
+        refusals["actors"] = actors.log.refusals  # the burst's, mostly
         rss, fds = flatness(self.samples, "rss_mib"), flatness(self.samples, "fds")
         lags = [s.lag_p99_ms for s in self.samples if s.lag_p99_ms is not None]
         a = self.args
