@@ -281,8 +281,8 @@ class Generations:
                     status, message = "unavailable", "the document store could not save the proposal; retry"
             elif status == "failed":
                 message = (done.error or "the engine failed")[:300]
-            elif status == "unavailable":  # its engine replica died: retryable, the document lost nothing
-                message = (done.error or "the engine replica went away")[:300]
+            elif status == "unavailable":  # its replica died, or the store refused a change: retryable, nothing lost
+                message = run.message or (done.error or "the engine replica went away")[:300]
             elif status == "stale":
                 message = "an edit overlapped the text being generated"
             self._close(run, status, proposal, done, message)

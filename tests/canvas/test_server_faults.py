@@ -19,7 +19,7 @@ from canvas.server.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.server.faults import FAULTS_ENV, FaultyStore, from_env, write_control
 from canvas.server.lag import LagConfig, LoopLag
 from canvas.store import Store
-from tests.canvas.wsconn import TEXT, Conn, Factory, edit, generate, open_doc, served
+from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, edit, generate, open_doc, served
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,6 +179,30 @@ def test_a_proposal_the_store_cannot_keep_ends_unavailable(serve: Factory, fault
         _, _, done = generate(c, doc, max_steps=8, seed=1)  # the same version: retryable as it is
         assert done["status"] == "completed"
     assert store.proposal(done["gen"]) is not None
+
+
+def test_a_refused_change_stops_the_generation_it_would_have_moved(
+    serve: Factory, faulty: tuple[FaultyStore, Path]
+) -> None:
+    store, control = faulty
+    client = serve(store=store)
+    with client.websocket_connect("/ws") as ws:
+        c = Conn(ws)
+        c.hello()
+        doc = edit(c, open_doc(c), {"op": "mask", "start": 4, "end": 7})
+        rid = c.send({"type": "gen.start", "doc_id": doc["doc_id"], "base_v": doc["v"], "params": SLOW})
+        started = c.reply(rid)
+        assert started["type"] == "gen.accepted", started
+        write_control(control, "error", p=1.0)
+        # Disjoint from the region being generated: saved, it would move the generation; refused, it stops it.
+        _busy_unavailable(edit(c, doc, {"op": "replace", "start": 0, "end": 0, "text": ">> "}))
+        done = c.until("gen.done", gen=started["gen"])
+        assert done["status"] == "unavailable" and "store" in done["message"], done
+        write_control(control, "off")
+        again = c.rpc({"type": "doc.open", "doc_id": doc["doc_id"]})
+        assert (again["v"], again["text"], again["spans"]) == (doc["v"], doc["text"], doc["spans"])
+        _, _, retry = generate(c, doc, max_steps=8, seed=2)  # the same version generates again
+        assert retry["status"] == "completed", retry
 
 
 # -- the event loop's lag -----------------------------------------------------------------------------------------
