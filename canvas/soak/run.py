@@ -119,7 +119,8 @@ class Soak:
         return round(time.monotonic() - self.t0, 3)
 
     async def _sample(self) -> None:
-        while True:
+        # Until the deadline only: after it the writers disconnect one by one, which is the run ending, not a trend.
+        while time.monotonic() < self.t0 + self.seconds:
             pid, start = self.server.pid, self.server.starts
             if pid is not None:
                 rss, fds = rss_mib(pid), open_fds(pid)
