@@ -239,7 +239,7 @@ class Soak:
         a = self.args
         return {
             "seed": a.seed, "minutes": a.minutes, "sessions": a.sessions, "faults": list(self.kinds),
-            "model": a.model or "embedded default", "wall_s": round(wall, 1),
+            "model": a.model or "the server's default", "wall_s": round(wall, 1),
             "violations": len(violations), "violation_list": violations[:50],
             "ok": not violations and rss["flat"] is not False and fds["flat"] is not False,
             "faults_fired": dict(self.fired), "schedule": [[f.at_s, f.kind, f.duration_s] for f in self.schedule],
@@ -349,7 +349,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=4, help="writers, each the only writer of its document")
     parser.add_argument("--faults", default="all", help=f"all, none, or a comma-separated list of: {', '.join(FAULTS)}")
     parser.add_argument("--seed", type=int, default=0, help="draws the schedule and every writer's choices")
-    parser.add_argument("--model", default=None, help="the server's model directory (default: the embedded one)")
+    parser.add_argument("--model", default=None, help="the server's model directory (default: the server's default)")
     parser.add_argument("--threads", type=int, default=None, help="the server's --threads")
     parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
     parser.add_argument("--max-queue", default="auto", help="the server's --max-queue")

@@ -15,15 +15,18 @@ from typing import Any
 
 import pytest
 
+import canvas
 from canvas.soak.schedule import FAULTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+EMBEDDED = Path(canvas.__file__).resolve().parent / "assets" / "default-model"  # canvas-6m: fast enough for minutes
 
 
 def _soak(tmp_path: Path, *args: str) -> tuple[dict[str, Any], int]:
     """Run `dcanvas bench soak` with `args`; its JSON report and exit status."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "canvas.cli", "bench", "soak", "--threads", "1", "--workdir", str(tmp_path), *args]
+    cmd = [sys.executable, "-m", "canvas.cli", "bench", "soak", "--threads", "1", "--workdir", str(tmp_path),
+           "--model", str(EMBEDDED), *args]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=840)
     assert out.stdout.strip(), out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1]), out.returncode
