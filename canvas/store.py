@@ -392,7 +392,10 @@ class Store(_SqlStore):
             yield
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            # SQLite has already rolled back after some errors (a full disk, an I/O error): a second ROLLBACK would
+            # raise "no transaction is active" and hide the error that matters.
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
 
     def _writing(self, doc_id: str) -> AbstractContextManager[None]:

@@ -32,8 +32,10 @@ from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, par
 from canvas.server.admission import Admission, Admits
 from canvas.server.backend import Backend, load_backend
 from canvas.server.config import ServerConfig
+from canvas.server.faults import from_env
 from canvas.server.http_api import HttpApi
 from canvas.server.hub import Hub
+from canvas.server.lag import LoopLag
 from canvas.server.outbox import Outbox
 from canvas.server.security import origin_allowed, subprotocol_tokens
 from canvas.server.state import Session
@@ -55,7 +57,8 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
         model_dir = resolve_model(config.model_dir).path  # raises ModelUnavailable (a FileNotFoundError)
         backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
     own_store = store is None
-    the_store = open_store(config.db) if store is None else store
+    # DCANVAS_STORE_FAULTS (soak tests only) wraps the store in one that fails on purpose (canvas.server.faults).
+    the_store = from_env(open_store(config.db)) if store is None else store
     # One admission policy for the websocket and the HTTP routes: both wait in the engine's one queue.
     admits: Admits = Admission(backend.engine, config.admission) if admission is None else admission
     engine = backend.local_engine if admission is None else None  # a remote admission's engines run elsewhere
@@ -63,15 +66,18 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
     api = HttpApi(config, backend, admission=admits)  # the OpenAI-compatible routes and llama.cpp's /infill
     started = time.monotonic()
     schema = json_schema()
+    lag = LoopLag()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if engine is not None:
             engine.start()
         hub.peers.follow()  # a store shared with other server processes: learn of their changes as they happen
+        lag_task = asyncio.create_task(lag.run(), name="dcanvas-loop-lag")
         try:
             yield
         finally:
+            lag_task.cancel()
             await hub.gens.shutdown()
             await admits.aclose()
             if engine is not None:
@@ -91,6 +97,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
                 "generations_running": len(hub.gens.runs),
                 "http_generations": api.stats(),
                 "queue": await admits.stats_async(),
+                "loop_lag_ms": lag.stats(),
                 "uptime_s": round(time.monotonic() - started, 1),
             }
         )

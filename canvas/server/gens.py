@@ -44,6 +44,7 @@ from canvas.protocol import (
 )
 from canvas.sampler import Mode, SamplerConfig
 from canvas.server.admission import Busy
+from canvas.server.persist import write_failed
 from canvas.server.rebase import Change, conflicts, rebase_range
 from canvas.server.state import LiveDoc, PendingProposal, RecentOutcomes, Session
 
@@ -277,10 +278,15 @@ class Generations:
                 except DocumentError as e:
                     log.warning("generation %s: no proposal: %s", run.id, e)
                     status, message = "failed", f"the generation could not be read back: {e}"
+                except Exception as e:  # the store could not keep the proposal: retryable, nothing was changed
+                    if not write_failed(e):
+                        raise
+                    log.warning("generation %s: the store could not save its proposal: %s", run.id, e)
+                    status, message = "unavailable", "the document store could not save the proposal; retry"
             elif status == "failed":
                 message = (done.error or "the engine failed")[:300]
-            elif status == "unavailable":  # its engine replica died: retryable, the document lost nothing
-                message = (done.error or "the engine replica went away")[:300]
+            elif status == "unavailable":  # its replica died, or the store refused a change: retryable, nothing lost
+                message = run.message or (done.error or "the engine replica went away")[:300]
             elif status == "stale":
                 message = "an edit overlapped the text being generated"
             self._close(run, status, proposal, done, message)

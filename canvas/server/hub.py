@@ -74,7 +74,7 @@ from canvas.server.admission import Admission, Admits
 from canvas.server.backend import Backend
 from canvas.server.gens import Generations
 from canvas.server.peers import Peers
-from canvas.server.persist import encode_change, load_live, positions
+from canvas.server.persist import encode_change, load_live, positions, unavailable, write_failed
 from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
 from canvas.server.security import authorized
@@ -162,7 +162,7 @@ class Hub:
             if reply is not None:
                 session.send(reply.model_copy(update={"re": msg.id}))
         except Exception as e:  # every failure becomes a typed error; the connection stays open
-            err = error_for_exception(e, msg.id)
+            err = unavailable(e, msg.id) if write_failed(e) else error_for_exception(e, msg.id)
             if err.code is ErrorCode.INTERNAL:
                 log.exception("session %s: %s failed", session.id, getattr(msg, "type", "?"))
             session.send(err.to_message())
@@ -258,18 +258,42 @@ class Hub:
                 else:
                     p.start, p.end = moved
         state = doc.to_dict()
-        # If saving fails the request gets `internal` and nobody is told of the change; the next successful save
-        # writes the whole state, this one included (only its edit-log entry is missing, so a restarted server
-        # cannot rebase across it), and the proposals it settled (`unsaved`).
+        # If the store cannot write (`write_failed`: I/O error, full disk) the document is rolled back to what the
+        # store holds and the request gets a retryable `busy`: nobody is told of the change, and a retry makes it
+        # once (keeping it in memory would have a retry apply it twice, and lose it at the next restart).
         settled = dict(live.unsaved)
-        await asyncio.to_thread(
-            self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text),
-            change=encode_change(change), positions=positions(live), resolved=settled,
-        )  # fmt: skip
+        try:
+            await asyncio.to_thread(
+                self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text),
+                change=encode_change(change), positions=positions(live), resolved=settled,
+            )  # fmt: skip
+        except Exception as e:
+            if not write_failed(e):
+                raise
+            await self._roll_back(live, accepting)
+            raise
         for gen in settled:
             live.unsaved.pop(gen, None)
         self.broadcast(live, exclude=session)
         return change
+
+    async def _roll_back(self, live: LiveDoc, accepting: str | None) -> None:
+        """The store could not save a change `mutate` made in memory: put the document back as the store has it (in
+        place, like `Peers.refresh`), so that nobody sees a change that was refused and a retry applies it once. A
+        generation running on it stops as `unavailable` (its region may have moved over the change)."""
+        if accepting is not None:
+            live.unsaved.pop(accepting, None)  # still pending in the store: pending here again
+        try:
+            fresh = await asyncio.to_thread(load_live, self.store, live.doc_id, self.backend.tokenizer)
+        except Exception:  # the store cannot be read either: the document leaves memory, to be read again later
+            log.exception("document %s: could not roll back a change the store refused", live.doc_id)
+            if self.docs.get(live.doc_id) is live and live.run is None:
+                del self.docs[live.doc_id]
+            raise
+        live.doc, live.name, live.snap, live.log = fresh.doc, fresh.name, fresh.snap, fresh.log
+        live.proposals = {g: p for g, p in fresh.proposals.items() if g not in live.unsaved}
+        if live.run is not None:
+            live.run.stop("unavailable", "the document store could not save a change to the document; retry")
 
     def _subscribe(self, session: Session, live: LiveDoc) -> None:
         if live.doc_id not in session.docs and len(session.docs) >= self.limits.max_open_docs:
@@ -310,12 +334,12 @@ class Hub:
             async with self.locked(msg.doc_id) as live:
                 self._subscribe(session, live)
                 if msg.name is not None and msg.name != live.name:
-                    live.name = msg.name
                     state = live.doc.to_dict()
                     await asyncio.to_thread(
                         self.store.save, live.doc_id, live.doc.version, state, None, name=msg.name,
                         chars=len(live.doc.text),
                     )
+                    live.name = msg.name  # only once stored: a refused save leaves the old name
                 return self.state(live)
         text = msg.text or ""
         if len(text) > self.limits.max_doc_chars:

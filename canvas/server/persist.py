@@ -7,19 +7,47 @@ against an old version, and accepts a proposal made before the restart, exactly 
 
 Invariant: everything stored here is written in the same transaction as the document version it belongs to
 (`Hub.mutate`), or on its own when no version changes (a proposal added, rejected or expired).
+
+A write the store could not make (an I/O error, a full disk: `write_failed`) is told to the client as `busy` with
+`data.unavailable` (retryable, `retry_after_s`), never `internal`: the store rolled the transaction back and the
+server keeps nothing of the change in memory either (`Hub.mutate` reloads the document), so a retry applies it once.
 """
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from canvas.document import Document, StateError, TextTokenizer, proposal_from_json
+from canvas.protocol import ErrorCode, ProtocolError
 from canvas.server.rebase import Change, ChangeLog
 from canvas.server.state import LiveDoc, PendingProposal, snapshot
 from canvas.store import DocStore, EditRecord, Positions
 
 LOG_LENGTH = 256  # changes a document remembers for rebasing (docs/protocol.md says 256)
+_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+RETRY_AFTER_S = 1.0  # what a client told that the store could not write waits before it retries
+
+
+def write_failed(exc: BaseException) -> bool:
+    """Whether `exc` is the store failing to write (I/O error, full disk, locked or unreachable database), as
+    opposed to a bug or a bad request. psycopg's errors are matched by module so that SQLite needs no psycopg."""
+    if isinstance(exc, sqlite3.DatabaseError):
+        return True
+    if isinstance(exc, OSError):  # not every OSError: a lost connection to an engine replica is no store failure
+        return exc.errno in _STORAGE_ERRNOS
+    return any(c.__module__.startswith("psycopg") and c.__name__ == "OperationalError" for c in type(exc).__mro__)
+
+
+def unavailable(exc: BaseException, re: str | int | None = None) -> ProtocolError:
+    """The typed, retryable error for a write the store could not make (`write_failed`): nothing changed."""
+    reason = str(exc).strip()[:120] or type(exc).__name__
+    return ProtocolError(
+        ErrorCode.BUSY, f"the document store could not save the change ({reason}); nothing changed, retry", re,
+        data={"retry_after_s": RETRY_AFTER_S, "unavailable": reason},
+    )  # fmt: skip
 
 
 def encode_change(change: Change | None) -> list[int]:

@@ -1,0 +1,8 @@
+"""`dcanvas bench soak`: writers edit, generate and accept against a real `dcanvas serve` while faults hit it on a
+schedule drawn from a seed; afterwards a checker replays what each client was told against what the store holds.
+
+Modules: `schedule` (the fault classes and when each fires), `server` (the server process: start, kill -9,
+restart, resource samples), `writers` (the clients, each the only writer of its document, journalling every
+answer), `actors` (the faults that are clients: a drop mid-generation, a client that never reads, a burst over
+the queue bound), `checker` (the invariants), `run` (the command: wires them together and prints the report).
+"""

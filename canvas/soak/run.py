@@ -1,0 +1,360 @@
+"""`dcanvas bench soak`: writers against a real server while faults fire on a schedule; then the checker.
+
+    dcanvas bench soak --minutes 60 --sessions 20 --faults all --seed 1 [--model DIR]
+
+Starts `dcanvas serve` on a free loopback port with a fault-injecting store (`canvas.server.faults`, enabled for
+this process only), runs `--sessions` writers (`canvas.soak.writers`) for `--minutes`, and fires the faults of
+`canvas.soak.schedule` as drawn from `--seed`. Meanwhile it samples the server's RSS, open descriptors and event-loop
+lag (`/health`) every 2 s. At the end the writers finish, the faults stop, the server is stopped and started again
+on the same database, every writer's document is read back through it, and the store itself is read
+(`canvas.soak.checker`). Prints a summary and, as the last line, one JSON report; exits 1 on any violation or when
+the server's RSS or descriptors grew by more than 10% after warm-up. Everything runs in a temporary folder (or
+`--workdir`), which keeps the server's log, its database and the report. With `--ray` the server's engine runs as
+Ray Serve replicas on a local Ray that this process starts and stops, and `ray_kill` kills one's process now and then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canvas.client import DcanvasClient
+from canvas.server.faults import write_control
+from canvas.soak.actors import Actors
+from canvas.soak.checker import check_actors, check_final, check_store, check_writer
+from canvas.soak.schedule import FAULTS, Fault, draw, parse_faults
+from canvas.soak.server import ServerArgs, ServerProc, open_fds, rss_mib
+from canvas.soak.writers import Known, Writer, WriterLog
+from canvas.store import Store
+
+SAMPLE_S = 2.0
+FLAT = 0.10  # RSS and descriptors may grow by this share after warm-up
+WARMUP_S = 300.0  # the first 5 minutes of a server process (or a third of its life, if shorter) are warm-up
+
+
+@dataclass
+class Sample:
+    t: float
+    start: int  # which server process (1: the first, 2: after the first kill, ...)
+    rss_mib: float
+    fds: int
+    lag_p99_ms: float | None
+
+
+@dataclass
+class Faults:
+    """The store's faults in effect (they may overlap): the control file says the worst of them."""
+
+    control: Path
+    seed: int
+    active: Counter[str] = field(default_factory=Counter)
+    p: float = 0.0
+
+    def off(self) -> None:
+        self.active.clear()
+        write_control(self.control, "off")
+
+    def set(self, kind: str, on: bool, p: float = 1.0) -> None:
+        self.active[kind] += 1 if on else -1
+        if on and kind == "store_errors":
+            self.p = p
+        if self.active["disk_full"] > 0:
+            write_control(self.control, "full")
+        elif self.active["store_errors"] > 0:
+            write_control(self.control, "error", p=self.p, seed=self.seed)
+        else:
+            write_control(self.control, "off")
+
+
+def flatness(samples: list[Sample], attr: str) -> dict[str, Any]:
+    """Growth of `attr` over the last server process after its warm-up: median of the last 5 samples over the
+    median of the first 5 after warm-up."""
+    if not samples:
+        return {"growth": None, "flat": None}
+    last = [s for s in samples if s.start == samples[-1].start]
+    span = last[-1].t - last[0].t
+    warm = last[0].t + min(WARMUP_S, span / 3)
+    after = [float(getattr(s, attr)) for s in last if s.t >= warm]
+    if len(after) < 6:
+        return {"growth": None, "flat": None, "samples_after_warmup": len(after)}
+    base, end = statistics.median(after[:5]), statistics.median(after[-5:])
+    growth = (end - base) / base if base else 0.0
+    return {"first_after_warmup": base, "last": end, "max": max(after), "growth": round(growth, 4),
+            "flat": abs(growth) <= FLAT, "samples_after_warmup": len(after), "warmup_ends_s": round(warm, 1)}
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, workdir: Path, ray_address: str | None = None) -> None:
+        self.args = args
+        self.seconds = float(args.minutes) * 60
+        self.kinds = parse_faults(args.faults, ray=args.ray)
+        self.schedule = draw(args.seed, self.seconds, self.kinds)
+        self.server = ServerProc(ServerArgs(
+            db=workdir / "docs.db", control=workdir / "faults.json", log=workdir / "server.log", model=args.model,
+            threads=args.threads, max_batch=args.max_batch, max_queue=args.max_queue, ray_address=ray_address,
+            replicas=args.replicas))  # fmt: skip
+        self.faults = Faults(workdir / "faults.json", args.seed)
+        self.kills: list[tuple[float, float]] = []
+        self.samples: list[Sample] = []
+        self.fired: Counter[str] = Counter()
+        self.restart_s: list[float] = []
+        self.harness: list[str] = []  # faults that could not be applied (counted as violations)
+        self.replicas_killed: list[str] = []
+        self.rng = random.Random(args.seed)
+        self.t0 = 0.0
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    async def _sample(self) -> None:
+        # Until the deadline only: after it the writers disconnect one by one, which is the run ending, not a trend.
+        while time.monotonic() < self.t0 + self.seconds:
+            pid, start = self.server.pid, self.server.starts
+            if pid is not None:
+                rss, fds = rss_mib(pid), open_fds(pid)
+                health = await asyncio.to_thread(self.server.health, 2.0)
+                lag = (health.get("loop_lag_ms") or {}).get("p99")
+                if rss is not None and fds is not None and pid == self.server.pid:
+                    self.samples.append(Sample(self._now(), start, rss, fds, lag))
+            await asyncio.sleep(SAMPLE_S)
+
+    async def _fire(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
+        self.fired[f.kind] += 1
+        try:
+            await self._fire_one(f, actors, writers)
+        except Exception as e:  # noqa: BLE001 (a fault that could not be applied spoils the run, not the report)
+            self.harness.append(f"t={self._now()}: fault {f.kind} raised {type(e).__name__}: {e}")
+
+    async def _fire_one(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
+        if f.kind == "kill":
+            t = self._now()
+            await asyncio.to_thread(self.server.kill9)
+            self.restart_s.append(await asyncio.to_thread(self.server.start))
+            self.kills.append((t, self._now()))
+        elif f.kind in ("store_errors", "disk_full"):
+            self.faults.set(f.kind, True, f.p)
+            await asyncio.sleep(f.duration_s)
+            self.faults.set(f.kind, False)
+        elif f.kind == "drop":
+            await actors.drop()
+        elif f.kind == "stall":
+            await actors.stall(f.duration_s, [w.log.doc_id for w in writers if w.log.doc_id])
+        elif f.kind == "ray_kill":
+            await asyncio.to_thread(self._kill_replica)
+        elif f.kind == "burst":
+            queue = (await asyncio.to_thread(self.server.health)).get("queue") or {}
+            size = int(queue.get("row_cap") or self.args.max_batch) + int(queue.get("max_queue") or 8) + 4
+            await actors.burst(size)
+
+    def _kill_replica(self) -> None:
+        """kill -9 of an engine replica's process, one running a generation of this ingress if there is one."""
+        queue = self.server.health().get("queue") or {}
+        replicas = [r for r in queue.get("replicas") or [] if r.get("pid")]
+        if not replicas:
+            raise RuntimeError("no engine replica to kill")
+        busy = [r for r in replicas if (queue.get("running_by_replica") or {}).get(str(r.get("replica")))]
+        victim = self.rng.choice(busy or replicas)
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        self.replicas_killed.append(str(victim.get("replica")))
+
+    async def _faults(self, actors: Actors, writers: list[Writer]) -> None:
+        running: list[asyncio.Task[None]] = []
+        for f in self.schedule:
+            await asyncio.sleep(max(0.0, self.t0 + f.at_s - time.monotonic()))
+            if f.kind == "kill":  # a kill waits for nothing else, but one kill at a time
+                await self._fire(f, actors, writers)
+            else:
+                running.append(asyncio.create_task(self._fire(f, actors, writers)))
+        await asyncio.gather(*running)
+
+    async def run(self) -> dict[str, Any]:
+        await asyncio.to_thread(self.faults.off)
+        self.restart_s.append(await asyncio.to_thread(self.server.start))
+        self.t0 = time.monotonic()
+        deadline = self.t0 + self.seconds
+        a = self.args
+        steps = tuple(int(x) for x in str(a.gen_steps).split(","))
+        writers = [Writer(i, self.server.url, self.t0, deadline, seed=a.seed * 1000 + i, gen_steps=steps)
+                   for i in range(a.sessions)]  # fmt: skip
+        actors = Actors(self.server.url, self.t0, a.seed)
+        sampler = asyncio.create_task(self._sample())
+        try:
+            faults = asyncio.create_task(self._faults(actors, writers))
+            logs = await asyncio.gather(*(w.run() for w in writers))
+            await faults
+        finally:
+            sampler.cancel()
+            await asyncio.to_thread(self.faults.off)
+        wall = time.monotonic() - self.t0
+        last_health = await asyncio.to_thread(self.server.health)
+        await asyncio.to_thread(self.server.stop)
+        # What the store holds, as a fresh server serves it: every writer's document read back.
+        await asyncio.to_thread(self.server.start)
+        try:
+            finals = await self._read_back(logs)
+        finally:
+            await asyncio.to_thread(self.server.stop)
+        store = Store(self.server.args.db)
+        try:
+            violations = [v for log in logs for v in check_writer(log, self.kills)]
+            violations += check_actors(actors.log, self.kills) + check_final(logs, finals) + check_store(store, logs)
+            violations += [f"harness: {x}" for x in self.harness]
+        finally:
+            store.close()
+        return self._report(logs, actors, violations, wall, last_health)
+
+    async def _read_back(self, logs: list[WriterLog]) -> dict[str, Known | None]:
+        finals: dict[str, Known | None] = {}
+        async with DcanvasClient.connect(self.server.url, client_name="soak-check", request_timeout=60) as c:
+            for log in logs:
+                if log.doc_id:
+                    s = await c.open(log.doc_id)
+                    finals[log.doc_id] = Known.of(s)
+                    await c.close_doc(log.doc_id)  # a session may have only so many documents open
+        return finals
+
+    def _report(self, logs: list[WriterLog], actors: Actors, violations: list[str], wall: float,
+                health: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        statuses: Counter[str] = Counter(s for log in logs for s in log.gens.values())
+        refusals: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        for log in logs:
+            refusals.update(log.refusals)
+            errors.update(log.errors)
+        refusals["actors"] = actors.log.refusals  # the burst's, mostly
+        rss, fds = flatness(self.samples, "rss_mib"), flatness(self.samples, "fds")
+        lags = [s.lag_p99_ms for s in self.samples if s.lag_p99_ms is not None]
+        a = self.args
+        return {
+            "seed": a.seed, "minutes": a.minutes, "sessions": a.sessions, "faults": list(self.kinds),
+            "model": a.model or "the server's default", "wall_s": round(wall, 1),
+            "violations": len(violations), "violation_list": violations[:50],
+            "ok": not violations and rss["flat"] is not False and fds["flat"] is not False,
+            "faults_fired": dict(self.fired), "schedule": [[f.at_s, f.kind, f.duration_s] for f in self.schedule],
+            "kills": [[round(x, 1), round(y, 1)] for x, y in self.kills],
+            "replicas_killed": self.replicas_killed,
+            "restart_s": [round(x, 1) for x in self.restart_s],
+            "acknowledged_changes": sum(1 for log in logs for s in log.steps if s.how.startswith("ack:")),
+            "reconciles": sum(1 for log in logs for s in log.steps if s.how == "reconcile"),
+            "in_flight_when_lost": dict(_in_flight(logs)),
+            "connections_lost": sum(len(log.lost) for log in logs),
+            "generations": dict(statuses),
+            "generations_per_min": round(statuses.get("completed", 0) * 60 / wall, 1) if wall else None,
+            "proposals_told": sum(len(log.told) for log in logs),
+            "accepted": sum(len(log.accepted) for log in logs), "rejected": sum(len(log.rejected) for log in logs),
+            "refusals": dict(refusals), "errors_by_code": dict(errors),
+            "actors": {"done": dict(actors.log.done), "skipped": dict(actors.log.skipped),
+                       "burst_admitted": actors.log.admitted, "statuses": dict(actors.log.statuses),
+                       "stall_closed_by_server": actors.log.stall_closed},  # fmt: skip
+            "server_rss_mib": rss, "server_fds": fds,
+            "loop_lag_p99_ms": {"median_of_minutes": round(statistics.median(lags), 2) if lags else None,
+                                "worst_minute": max(lags) if lags else None,
+                                "max_ever_last_process": (health.get("loop_lag_ms") or {}).get("max_ever")},
+            "server_queue_last": health.get("queue"),
+            "samples": [[s.t, s.start, s.rss_mib, s.fds, s.lag_p99_ms] for s in self.samples],
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        }
+
+
+def _in_flight(logs: list[WriterLog]) -> Counter[str]:
+    """The requests whose answer a lost connection took, by kind, and whether the store had applied them."""
+    out: Counter[str] = Counter()
+    for log in logs:
+        for prev, cur in zip(log.steps, log.steps[1:], strict=False):
+            if cur.how == "reconcile" and cur.inflight is not None:
+                applied = "applied" if cur.state.v > prev.state.v else "not applied"
+                out[f"{cur.inflight.split(':')[0]} {applied}"] += 1
+    return out
+
+
+def _print(r: dict[str, Any]) -> None:
+    print(f"soak seed {r['seed']}: {r['sessions']} writers for {r['wall_s']} s, faults {r['faults_fired']}; "
+          f"{r['violations']} violations")  # fmt: skip
+    for v in r["violation_list"]:
+        print(f"  VIOLATION {v}")
+    print(f"acknowledged changes {r['acknowledged_changes']}, reconciles {r['reconciles']} (in flight when lost: "
+          f"{r['in_flight_when_lost']}), connections lost {r['connections_lost']}")
+    print(f"generations {r['generations']} ({r['generations_per_min']}/min); "
+          f"proposals told {r['proposals_told']}, accepted {r['accepted']}, rejected {r['rejected']}")  # fmt: skip
+    print(f"refusals {r['refusals']}; errors {r['errors_by_code']}; actors {r['actors']}")
+    print(f"server RSS {r['server_rss_mib']}; fds {r['server_fds']}; loop lag p99 {r['loop_lag_p99_ms']}; "
+          f"restarts took {r['restart_s']} s")  # fmt: skip
+
+
+def _start_ray(replicas: int) -> str:
+    """A local Ray owned by this process (the servers join it): a killed server leaves it, and the application it
+    deployed, running for the next one; `_stop_ray` ends it, and nobody else's."""
+    import ray
+
+    ray.init(num_cpus=replicas + 1, include_dashboard=False, log_to_driver=False)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        parse_faults(args.faults, ray=args.ray)
+    except ValueError as e:
+        print(f"dcanvas bench soak: {e}", file=sys.stderr)
+        return 2
+    if args.minutes <= 0 or args.sessions < 1:
+        print("dcanvas bench soak: --minutes must be > 0 and --sessions >= 1", file=sys.stderr)
+        return 2
+    if args.workdir is not None:
+        workdir = Path(args.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "docs.db").unlink(missing_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="dcanvas-soak-"))
+    ray_address = _start_ray(args.replicas) if args.ray else None
+    try:
+        soak = Soak(args, workdir, ray_address)
+        try:
+            report = asyncio.run(soak.run())
+        finally:
+            soak.server.kill9()
+    finally:
+        if args.ray:
+            _stop_ray()
+    report["workdir"] = str(workdir)
+    (workdir / "report.json").write_text(json.dumps(report, indent=1))
+    _print(report)
+    print(json.dumps(report))
+    return 0 if report["ok"] else 1
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--sessions", type=int, default=4, help="writers, each the only writer of its document")
+    parser.add_argument("--faults", default="all", help=f"all, none, or a comma-separated list of: {', '.join(FAULTS)}")
+    parser.add_argument("--seed", type=int, default=0, help="draws the schedule and every writer's choices")
+    parser.add_argument("--model", default=None, help="the server's model directory (default: the server's default)")
+    parser.add_argument("--threads", type=int, default=None, help="the server's --threads")
+    parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
+    parser.add_argument("--max-queue", default="auto", help="the server's --max-queue")
+    parser.add_argument("--ray", action="store_true", help="the server's engine as Ray Serve replicas (a local Ray)")
+    parser.add_argument("--replicas", type=int, default=2, help="with --ray: engine replicas")
+    parser.add_argument("--gen-steps", default="8,12,16", help="max_steps the writers ask for (comma-separated)")
+    parser.add_argument("--workdir", default=None, help="keep the database and server log here (default: a temp dir)")
+    parser.set_defaults(func=run)
