@@ -119,8 +119,10 @@ def test_ar_feeds_pinned_runs_at_once(model: DiffusionModel) -> None:
     (done,), _ = run(Engine(model), [req])
     out = done.canvases[0]
     assert out[:3] == (7, 8, 9) and out[5] == 10
-    # 1 forward for the pinned run, 1 per free slot, 1 for the last pin; the unused rest of the canvas is skipped
-    assert done.forwards == 1 + 2 + 1 and len(out) == model.config.canvas_length
+    # 1 forward for the pinned run, 1 per free slot; the last pinned run is not fed (nothing after it reads the
+    # context) and the unused rest of the canvas is skipped
+    assert done.forwards == 1 + 2 and len(out) == model.config.canvas_length
+    assert done.mode == "ar"
 
 
 def test_continuation_stops_at_eos(model: DiffusionModel) -> None:
