@@ -9,6 +9,7 @@
         (sampler_buffers), 8 canvases batched vs sequential (batch_gain), and diffusion vs AR tokens/s
     dcanvas bench kernels [--json]   (Triton kernels on CUDA; see kernels.bench)
     dcanvas bench load [--sessions 50 --seconds 60]   (see canvas.server.loadbench)
+    dcanvas bench drafts [--model DIR] [--drafts 8]   K batched AR drafts vs one (see canvas.bench_drafts)
 Each figure is the median of several runs, ours and the reference alternating; the last line is one JSON object
 with the machine noted. Presets use random weights (throughput does not depend on what the weights say); token
 identity over 48 steps wants trained weights (`--model DIR`): with random weights every slot's entropy is within
@@ -291,6 +292,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     e.set_defaults(func=_run, which="engine")
     register_load(sub.add_parser("load", help="concurrent dcanvas/1 sessions against a real server"))
+    from canvas.bench_drafts import register as register_drafts
+
+    register_drafts(sub.add_parser("drafts", help="K batched AR drafts vs one: per step and per infill"))
     k = sub.add_parser("kernels", help="Triton kernels vs their references (CUDA)")
     k.add_argument("rest", nargs=argparse.REMAINDER)
     k.set_defaults(func=_run_kernels)

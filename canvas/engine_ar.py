@@ -29,7 +29,19 @@ from canvas.sampler import SamplerConfig
 
 _NEG = float("-inf")
 _serials = itertools.count(1)
+_CLAUSE_MARKS = ".,;:!?"  # a token whose text ends with one of these (closing quotes aside) ends a clause
+_CLOSERS = "\"')]\u201d\u2019"
 
+
+def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
+    """The ids whose token text (`pieces[id]`, e.g. a tokenizer's `convert_ids_to_tokens` of every id) ends a clause
+    or a sentence: punctuation, possibly followed by closing quotes or brackets, or a line break."""
+    out = set()
+    for i, piece in enumerate(pieces):
+        text = piece or ""
+        if "\n" in text or "<0x0A>" in text or text.rstrip().rstrip(_CLOSERS)[-1:] in tuple(_CLAUSE_MARKS):
+            out.add(i)
+    return frozenset(out)
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
