@@ -102,7 +102,7 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
         "step_ratio": multi / single, "infill_s": infills, "seam_tokens": seam.ar_seam_tokens,
         "runs": args.runs, "machine": machine(),
     }
-    rows = [("one AR step: 1 lane / %d lanes (goal <= 1.5x)" % args.drafts,
+    rows = [(f"one AR step: 1 lane / {args.drafts} lanes (goal <= 1.5x)",
              f"{single * 1e3:.1f} / {multi * 1e3:.1f} ms = {multi / single:.2f}x")]
     for gap, w in infills.items():
         rows.append((f"{gap}-token infill: plain fill / {args.drafts} drafts + seam ({seam.ar_seam_tokens} tokens)",

@@ -71,7 +71,8 @@ class Backend:
 
     def request(self, view: CanvasView, config: SamplerConfig, *, stream_every: int = 1) -> GenRequest:
         """The engine request that fills the free slots of a document's canvas view."""
-        return GenRequest(self.context(view.context_ids), view.slot_ids, view.pinned, config, stream_every=stream_every)
+        return GenRequest(self.context(view.context_ids), view.slot_ids, view.pinned, config, stream_every=stream_every,
+                          avoid=view.replaced_ids)
 
     def proposal(self, doc: Document, canvas: tuple[int, ...]) -> Proposal:
         """A generated canvas read back into `doc` (the document the request's view came from): nulls dropped,
