@@ -75,6 +75,7 @@ class ARWalk:
         self.scored = False
         self.seam: Tensor | None = None
         self.tokens = self.lp = self.seam0 = self.feed_next = torch.empty(0)
+        self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
 
     @property
     def finished(self) -> bool:
@@ -134,6 +135,7 @@ class ARWalk:
         self.seam0 = torch.zeros(self.lanes, g, device=dev)  # log p(seam[0] | draft[:e]) at [:, e - 1]
         self.serial = next(_serials)
         self.drafting = True
+        self.seen = [{} for _ in range(self.lanes)]
         self._sample(self.last[None].expand(self.lanes, -1))
 
     def _sample(self, logits: Tensor) -> None:
@@ -144,6 +146,13 @@ class ARWalk:
             banned = [t for t in (self.model.config.null_token_id, *self.model.config.eos_token_ids) if t is not None]
             logits = logits.clone()
             logits[:, banned] = _NEG
+            n = self.cfg.ar_no_repeat
+            if n and self.n >= n - 1:
+                heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
+                for k, head in enumerate(heads):
+                    again = self.seen[k].get(tuple(head))
+                    if again:
+                        logits[k, list(again)] = _NEG
         if self.cfg.ar_temperature > 0:
             probs = torch.softmax(logits / self.cfg.ar_temperature, dim=-1)
             tok = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
@@ -151,6 +160,11 @@ class ARWalk:
             tok = logits.argmax(dim=-1)
         i = self.n
         self.tokens[:, i] = tok
+        n = self.cfg.ar_no_repeat
+        if self.scored and n and i >= n - 1:
+            grams = self.tokens[:, i - n + 1 : i + 1].tolist()
+            for k, gram in enumerate(grams):
+                self.seen[k].setdefault(tuple(gram[:-1]), set()).add(gram[-1])
         self.lp[:, i] = logp.gather(1, tok[:, None])[:, 0]
         lead = int(self.lp[:, : i + 1].sum(1).argmax())  # the leading draft is the one shown while drafts grow
         self.canvas[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]

@@ -115,7 +115,7 @@ def test_ar_greedy_matches_manual_decode(model: DiffusionModel) -> None:
 def test_ar_feeds_pinned_runs_at_once(model: DiffusionModel) -> None:
     slots = (7, 8, 9, 0, 0, 10)
     pinned = (True, True, True, False, False, True)
-    req = GenRequest((4, 5), slots, pinned, SamplerConfig(mode="ar"))
+    req = GenRequest((4, 5), slots, pinned, SamplerConfig(mode="ar", ar_drafts=1, ar_seam_tokens=0))  # plain fill
     (done,), _ = run(Engine(model), [req])
     out = done.canvases[0]
     assert out[:3] == (7, 8, 9) and out[5] == 10

@@ -14,6 +14,7 @@ from canvas.model import DiffusionModel, KVCache, ModelConfig
 from canvas.sampler import SamplerConfig, extra_settings, load_sampler_defaults
 
 NULL = 4
+PLAIN = {"ar_drafts": 1, "ar_seam_tokens": 0}  # today's left-to-right fill
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_ar_rows_batched_equal_alone(model: DiffusionModel) -> None:
     the tokens it gets alone: the batch changes nothing but the cost."""
     W = model.config.sliding_window
     reqs = [
-        infill((5, 9), 3, 6, 4),
+        infill((5, 9), 3, 6, 4, **PLAIN),
         infill(tuple(range(20, 20 + W + 3)), 2, 5, 3, slot_seed=1, ar_drafts=3, ar_seam_tokens=2, ar_temperature=0.8,
                seed=7),
         GenRequest((6, 7, 8), (), (), SamplerConfig(mode="ar", ar_temperature=0.9, seed=3)),
@@ -93,7 +94,7 @@ def test_ar_rows_batched_equal_alone(model: DiffusionModel) -> None:
 
 def test_greedy_plain_fill_is_todays(model: DiffusionModel) -> None:
     """K=1 with no seam tokens fills every free slot left to right, feeding pins: no nulls, greedy decode."""
-    req = infill((5, 9, 14), 3, 5, 4)
+    req = infill((5, 9, 14), 3, 5, 4, **PLAIN)
     (done,), _ = run(Engine(model), [req])
     out = list(done.canvases[0])
     assert out[3:8] == greedy(model, [5, 9, 14, *req.slot_ids[:3]], 5)
@@ -186,6 +187,34 @@ def test_endings_follow_clause_ends(model: DiffusionModel, monkeypatch: pytest.M
     assert done.canvases[0][want:gap] == (NULL,) * (gap - want)
 
 
+def test_drafts_never_repeat_their_own_ngrams(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that always prefers token 50, then 60: greedy drafts loop unless n-grams may not repeat."""
+    real = DiffusionModel.encode
+
+    def looping(self: DiffusionModel, ids: torch.Tensor, *a: object, **kw: object) -> object:
+        logits, cache = real(self, ids, *a, **kw)  # type: ignore[arg-type]
+        if logits is not None:
+            logits[..., 50] += 100.0
+            logits[..., 60] += 50.0
+        return logits, cache
+
+    monkeypatch.setattr(DiffusionModel, "encode", looping)
+    gap, n = 12, 3
+
+    def fill(no_repeat: int) -> tuple[int, ...]:
+        req = infill((5, 9), 1, gap, 2, ar_drafts=2, ar_seam_tokens=2, ar_endings=1, ar_no_repeat=no_repeat)
+        (done,), _ = run(Engine(model), [req])
+        return done.canvases[0][1 : 1 + gap]
+
+    def repeats(toks: tuple[int, ...]) -> int:
+        grams = [toks[i : i + n] for i in range(len(toks) - n + 1)]
+        return len(grams) - len(set(grams))
+
+    assert fill(0) == (50,) * gap
+    free = fill(n)
+    assert repeats(free) == 0 and free[:4] == (50, 50, 50, 60)
+
+
 def test_a_rewrite_never_offers_the_old_text_while_another_exists(model: DiffusionModel) -> None:
     gap = 6
     base = infill((5, 9), 2, gap, 3, ar_drafts=2, ar_seam_tokens=2, ar_endings=1)  # greedy: both lanes the same
@@ -234,7 +263,7 @@ def test_cancel_mid_draft_frees_the_lanes(model: DiffusionModel) -> None:
     h.cancel()
     engine.run_until_idle()
     assert h.wait(0).status == "cancelled" and engine._ar.cache is None
-    (after,), _ = run(engine, [infill((5, 9), 1, 3, 2)])
+    (after,), _ = run(engine, [infill((5, 9), 1, 3, 2, **PLAIN)])
     assert after.status == "completed"
 
 
@@ -251,12 +280,14 @@ def test_frames_show_the_leading_draft_growing_then_the_choice(model: DiffusionM
 
 def test_settings_are_checked_and_persisted(tmp_path) -> None:  # noqa: ANN001
     for bad in ({"ar_drafts": 0}, {"ar_drafts": 2.5}, {"ar_seam_tokens": -1}, {"ar_min_fill": 1.5},
-                {"ar_endings": 0}, {"ar_draft_weight": -1.0}, {"ar_select_temperature": -0.1}):
+                {"ar_endings": 0}, {"ar_draft_weight": -1.0}, {"ar_select_temperature": -0.1}, {"ar_no_repeat": 1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplerConfig(**bad)  # type: ignore[arg-type]
-    cfg = SamplerConfig(ar_drafts=8, ar_seam_tokens=6, ar_min_fill=0.25, ar_endings=3, ar_draft_weight=0.5)
+    cfg = SamplerConfig(ar_drafts=5, ar_seam_tokens=6, ar_min_fill=0.25, ar_endings=3, ar_draft_weight=0.5,
+                        ar_no_repeat=0)
     import json
 
     (tmp_path / "dcanvas_sampler.json").write_text(json.dumps(extra_settings(cfg)))
     assert load_sampler_defaults(tmp_path) == cfg
-    assert SamplerConfig(ar_drafts=1).seam_aware is False and SamplerConfig(ar_seam_tokens=4).seam_aware
+    assert SamplerConfig(**PLAIN).seam_aware is False and SamplerConfig(ar_drafts=1, ar_seam_tokens=4).seam_aware
+    assert SamplerConfig().seam_aware  # AR mode joins the text after a gap unless told otherwise
