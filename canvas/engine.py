@@ -10,7 +10,9 @@ batched with. The vocabulary-sized work (LM head, sampler, self-conditioning sof
 slots that read it: free slots, plus pinned ones while the model's self-conditioning is live (their next signal).
 `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close, nor in the head
 of a gap that the sampler's `gap_min_fill` reserves for text.
-AR rows advance one token (one encoder forward) per step. Rows stop individually; cancellation is
+AR rows (`canvas.engine_ar`) walk their canvas left to right; every drafting lane of every AR row (an infill's K
+drafts, several users' fills) advances one token per step in ONE batched encoder forward, and a gap with text after
+it is filled by the draft and ending whose seam reads best. Rows stop individually; cancellation is
 honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
 context is unchanged.
 
@@ -38,7 +40,8 @@ from collections.abc import Callable, Hashable
 import torch
 from torch import Tensor
 
-from canvas.gen_types import Done, Event, Frame, GenHandle, GenRequest, Status, cancelled_done
+from canvas.engine_ar import ARBatch, ARWalk
+from canvas.gen_types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampler import GumbelNoise, NoiseSource, SamplerConfig, StoppingState, select_accepted, step_stats_at
 from canvas.scheduling import EngineLoad, FairQueue, LoadStats, Placement
@@ -81,7 +84,8 @@ class _Row:
         self.remaining = self.cfg.max_steps
         self.step_in_canvas = 0
         self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, self.used, device)
-        self.ar_pos = 0
+        self.ar: ARWalk | None = None  # AR mode: this canvas's walk (the engine starts it)
+        self.seam_filled = False  # AR mode: some gap was filled by scored drafts
 
     @property
     def free(self) -> Tensor:
@@ -109,7 +113,10 @@ class _Row:
 
 class Engine:
     def __init__(self, model: DiffusionModel, *, max_batch: int = 8, context_cache_size: int = 16,
-                 noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None) -> None:
+                 noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
+                 clause_ends: frozenset[int] | None = None) -> None:
+        """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine_ar`'s drafts may
+        end after them); None spaces an AR infill's candidate endings evenly instead."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model.eval()
@@ -131,6 +138,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._running = False
         self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
+        self.clause_ends = clause_ends
+        self._ar = ARBatch(model)
 
     # ---- public API ------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
@@ -227,11 +236,16 @@ class Engine:
             except Exception as e:  # a failed step fails its rows, never the engine
                 for row in diffusion:
                     self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
-        for row in [r for r in self._rows if r.cfg.mode == "ar"]:
+        ar = [r for r in self._rows if r.cfg.mode == "ar"]
+        if ar:
             try:
-                self._ar_step(row)
+                self._ar_step(ar)
             except Exception as e:
-                self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+                self._ar.clear()
+                for row in ar:
+                    self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+        elif self._ar.cache is not None:
+            self._ar.clear()  # the last AR row left (cancelled): free its lanes' cache
         rows = tuple((r.steps, self._left(r)) for r in self._rows)
         with self._lock:
             if diffusion or self._rows:
@@ -243,7 +257,7 @@ class Engine:
         """The most steps `row` may still run: its step budget (AR: a step a token), later canvases included."""
         later = row.req.n_canvases - len(row.canvases) - 1
         if row.cfg.mode == "ar":
-            return row.used - row.ar_pos + later * self.L
+            return row.used - (row.ar.pos if row.ar is not None else 0) + later * self.L
         return row.remaining + later * row.cfg.max_steps
 
     def _admit(self) -> None:
@@ -376,49 +390,68 @@ class Engine:
             if stop:
                 self._commit(row)
 
-    def _ar_step(self, row: _Row) -> None:
-        """One token (or one run of pinned tokens) through the encoder."""
-        model = self.model
-        pos = row.ar_pos
-        n_slots = row.used
-        if bool(row.pinned[pos]):
-            end = pos
-            while end < n_slots and bool(row.pinned[end]):
-                end += 1
-            tokens = row.pinned_ids[pos:end]
-        else:
-            logits = row.last_logits.float()
-            if row.cfg.ar_temperature > 0:
-                probs = torch.softmax(logits / row.cfg.ar_temperature, dim=-1)
-                assert isinstance(row.noise, GumbelNoise)
-                tok = torch.multinomial(probs, 1, generator=row.noise.generator)
-            else:
-                tok = logits.argmax()[None]
-            tokens = tok.to(torch.long)
-            row.generated += 1
-            end = pos + 1
-        row.canvas[pos:end] = tokens
-        row.argmax[pos:end] = tokens
+    def _ar_step(self, rows: list[_Row]) -> None:
+        """Advance every AR row's walk; ONE batched encoder forward steps all their drafting lanes."""
+        for row in rows:
+            row.steps += 1
+            row.step_in_canvas += 1
+            if row in self._rows:
+                self._ar_advance(row)
+        drafting = [r for r in rows if r in self._rows and r.ar is not None and r.ar.drafting]
+        if not drafting:
+            self._ar.clear()
+            return
+        walks = [r.ar for r in drafting if r.ar is not None]
         t0 = time.perf_counter()
-        out, _ = model.encode(tokens[None], cache=row.cache, logits="last")
+        logits = self._ar.step(walks)  # (B, V)
         self.forward_s += time.perf_counter() - t0
-        assert out is not None
-        row.last_logits = out[0, -1]
-        row.ar_pos = end
-        row.steps += 1
-        row.forwards += 1
-        row.step_in_canvas += 1
-        done = end >= n_slots
-        if done or row.step_in_canvas % row.req.stream_every == 0:
-            accepted = torch.zeros(self.L, dtype=torch.bool)
-            accepted[pos:end] = True
-            self._first_frame(row)
-            row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
-                                   tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
-                                   time.perf_counter() - row.t0))
-        if done:
-            # The canvas is already in the cache; _commit must not encode it again.
+        batch = self._ar.cache
+        assert batch is not None
+        off = 0
+        for row, walk in zip(drafting, walks, strict=True):
+            k = walk.lanes
+            walk.take(logits[off : off + k], batch, torch.arange(off, off + k, device=logits.device))
+            off += k
+            row.forwards += 1
+            if walk.drafting:
+                self._ar_frame(row)
+            else:
+                self._ar_advance(row, stepped=True)
+
+    def _ar_advance(self, row: _Row, stepped: bool = False) -> None:
+        """Start `row`'s walk if needed and walk it to its next gap; commit its canvas when the walk is over.
+        `stepped`: its gap just ended in the batched forward (a frame shows the chosen fill)."""
+        if row.ar is None:
+            gen = row.noise.generator if isinstance(row.noise, GumbelNoise) else torch.Generator().manual_seed(
+                row.cfg.seed or 0)
+            row.ar = ARWalk(self.model, row.cfg, row.cache, row.last_logits, row.canvas, row.argmax, row.pinned,
+                            row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
+                            clause_ends=self.clause_ends, avoid=row.req.avoid)
+        walk = row.ar
+        before = walk.forwards
+        if not walk.drafting:
+            walk.advance()
+        row.forwards += walk.forwards - before
+        if walk.finished:
+            row.generated += walk.generated
+            row.seam_filled |= walk.seam_aware_gaps > 0
+            row.cache, row.last_logits = walk.ctx, walk.last
+            self._ar_frame(row, last=True)
             self._commit(row, encoded=True)
+        elif stepped:
+            self._ar_frame(row)
+
+    def _ar_frame(self, row: _Row, last: bool = False) -> None:
+        if not (last or row.step_in_canvas % row.req.stream_every == 0):
+            return
+        accepted = torch.zeros(self.L, dtype=torch.bool)
+        if row.ar is not None:
+            a, b = row.ar.touched
+            accepted[a:b] = True
+        self._first_frame(row)
+        row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
+                               tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
+                               time.perf_counter() - row.t0))
 
     def _commit(self, row: _Row, encoded: bool = False) -> None:
         committed = row.argmax.tolist()
@@ -459,5 +492,6 @@ class Engine:
             self._rows.remove(row)
             self._release(row.steps)
         self._stacked = None
+        mode: Writer = row.cfg.mode if not row.seam_filled else "ar-infill"
         row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
-                              time.perf_counter() - row.t0, error))
+                              time.perf_counter() - row.t0, error, mode=mode))

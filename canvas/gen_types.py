@@ -20,6 +20,9 @@ from canvas.sampler import SamplerConfig
 
 # "unavailable": the engine replica running it died (`canvas.cluster.remote`); a local engine never says it.
 Status = Literal["completed", "cancelled", "failed", "unavailable"]
+# What wrote a generation's text: the diffusion decoder, the plain left-to-right AR fill, or AR drafts chosen by how
+# well they lead into the text after a gap ("ar-infill", at least one gap so filled).
+Writer = Literal["diffusion", "ar", "ar-infill"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,9 @@ class GenRequest:
     config: SamplerConfig = field(default_factory=SamplerConfig)
     n_canvases: int = 1  # continuation: later canvases are all free and follow the committed one
     stream_every: int = 1
+    # A rewrite: per gap (run of free slots, in order), the ids of the text it replaces; AR mode offers a fill equal
+    # to it only when no other candidate exists. Empty: nothing to avoid.
+    avoid: tuple[tuple[int, ...], ...] = ()
 
     def validate(self, canvas_length: int, vocab_size: int) -> None:
         if not self.context_ids:
@@ -70,6 +76,7 @@ class Done:
     generated: int  # free slots filled
     wall_s: float
     error: str | None = None
+    mode: Writer | None = None  # None: not run (cancelled while queued) or from an engine that predates the field
 
     @property
     def tokens_per_forward(self) -> float:

@@ -160,6 +160,7 @@ export class RunView {
     this.stats.tpf.textContent = s.tokens_per_forward.toFixed(3);
     this.stats.toks.textContent = s.tok_s.toFixed(1);
     this.stats.elapsed.textContent = `${s.wall_s.toFixed(2)} s`;
+    if (s.mode) this.stats.step.title = `written by ${s.mode}`;  // diffusion, ar or ar-infill
     this.root.dataset.state = msg.status;
     const n = this.grid.history.length;
     if (n > 0) {

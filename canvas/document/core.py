@@ -154,6 +154,16 @@ class Document:
             pinned.extend([not a.free] * a.slots)
         slot_ids.extend([placeholder] * lay.tail)
         pinned.extend([False] * lay.tail)
+        replaced: list[list[int]] = []
+        prev_free = False
+        for a in self._atoms[self._w : lay.end]:
+            if a.free and not prev_free:
+                replaced.append([])
+            if a.free:
+                replaced[-1].extend(a.ids)  # a gap atom has none
+            prev_free = a.free
+        if lay.tail and not prev_free:
+            replaced.append([])
         return CanvasView(
             context_ids=tuple(t for a in self._atoms[: self._w] for t in a.ids),
             slot_ids=tuple(slot_ids),
@@ -164,6 +174,7 @@ class Document:
             placeholder_id=placeholder,
             window=self.window(),
             doc_id=self._doc_id,
+            replaced_ids=tuple(tuple(r) for r in replaced),
         )
 
     # ------------------------------------------------------------------ operations

@@ -71,6 +71,9 @@ class CanvasView:
     placeholder_id: int
     window: tuple[int, int]
     doc_id: str
+    # Per run of consecutive free slots, in order: the ids of the masked text it replaces (empty for a gap): what a
+    # rewrite should not hand back unchanged (`GenRequest.avoid`).
+    replaced_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def n_free(self) -> int:

@@ -8,6 +8,9 @@ Layout per layer (B = batch, H = KV heads of that layer, D = its head dim):
 included: positions are shared across the batch, as in the reference) and `next_pos` (B,) is where the canvas of
 each row starts. A cache built by `KVCache.stack` from several single-row caches is ragged (rows of different
 lengths, right-padded) and read-only: the engine batches decoder steps over it, never encodes into it.
+A cache built by `KVCache.aligned` batches rows of different lengths the other way, left-padded so that every row
+ends at `length`, and stays encodable: `pos_offset` (B,) is each row's padding, which `encode` subtracts from the
+shared slot index, so every row's tokens get the RoPE positions they get alone (the engine's batched AR rows).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class KVCache:
         self.ragged = ragged
         # Per-row lengths (in cached positions); equal to `length` except in a ragged cache.
         self.row_length = torch.full_like(next_pos, length)
+        # Per-row left padding (slots before the row's first real token): a token's position is its slot minus this.
+        self.pos_offset = torch.zeros_like(next_pos)
 
     @classmethod
     def empty(cls, config: ModelConfig, batch_size: int, capacity: int, *, device: torch.device | str = "cpu",
@@ -97,6 +102,43 @@ class KVCache:
         out.key_valid[:, : self.length] = self.key_valid[:, : self.length]
         out.length, out.next_pos = self.length, self.next_pos.clone()
         out.row_length.fill_(self.length)
+        out.pos_offset = self.pos_offset.clone()
+        return out
+
+    @classmethod
+    def aligned(cls, rows: Sequence[tuple[KVCache, int]], room: int) -> KVCache:
+        """Batch rows taken from caches (`(cache, row index)`, the same row may come several times) into one
+        encodable cache, left-padded so every row ends at the longest row's real length, with `room` free positions
+        after it. Each row keeps its real tokens' positions (`pos_offset`), so encoding into it gives each row what
+        encoding into its own cache does. A row's real length is its cache's `length - pos_offset[row]`."""
+        if not rows:
+            raise ValueError("aligned needs at least one row")
+        if room < 0:
+            raise ValueError(f"room must be >= 0, got {room}")
+        for c, b in rows:
+            if c.ragged or not 0 <= b < c.batch_size:
+                raise ValueError("aligned takes rows of non-ragged caches")
+        ref = rows[0][0]
+        real = [c.length - int(c.pos_offset[b]) for c, b in rows]
+        length = max(real)
+        device, dtype = ref.key_valid.device, ref.layers[0].k.dtype
+        out = KVCache.empty(ref.config, len(rows), max(length + room, 1), device=device, dtype=dtype)
+        n_dst = min(length, ref.config.sliding_window - 1)
+        for j, ((c, b), r) in enumerate(zip(rows, real, strict=True)):
+            for src, dst in zip(c.layers, out.layers, strict=True):
+                if src.sliding:  # both buffers hold their last slots in order, ending at their length
+                    n_src = min(c.length, ref.config.sliding_window - 1)
+                    m = min(r, n_src)
+                    dst.k[j, :, n_dst - m : n_dst] = src.k[b, :, n_src - m : n_src]
+                    dst.v[j, :, n_dst - m : n_dst] = src.v[b, :, n_src - m : n_src]
+                else:
+                    dst.k[j, :, length - r : length] = src.k[b, :, c.length - r : c.length]
+                    dst.v[j, :, length - r : length] = src.v[b, :, c.length - r : c.length]
+            out.key_valid[j, length - r : length] = c.key_valid[b, c.length - r : c.length]
+            out.pos_offset[j] = length - r
+        out.length = length
+        out.row_length.fill_(length)
+        out.next_pos = length - out.pos_offset
         return out
 
     @classmethod

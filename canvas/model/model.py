@@ -311,7 +311,8 @@ class DiffusionModel(nn.Module):
         dev = input_ids.device
         valid = torch.ones(B, T, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
         start = cache.length
-        positions = torch.arange(start, start + T, device=dev).expand(B, T)
+        # A left-padded row (`KVCache.aligned`) counts its positions from its first real token.
+        positions = torch.arange(start, start + T, device=dev).expand(B, T) - cache.pos_offset[:, None]
         cache.key_valid[:, start : start + T] = valid
         x = self.embed_tokens(input_ids)  # (B, T, M)
 
@@ -351,7 +352,7 @@ class DiffusionModel(nn.Module):
         x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
         cache.length = start + T
         cache.row_length.fill_(cache.length)
-        cache.next_pos = torch.full((B,), cache.length, dtype=torch.long, device=dev)
+        cache.next_pos = cache.length - cache.pos_offset
         if logits == "none":
             return None, cache
         return self.logits(x if logits == "all" else x[:, -1:], quant), cache

@@ -411,6 +411,9 @@ class GenStats(_Model):
     tokens_per_forward: Annotated[float, Field(ge=0)]
     tok_s: Annotated[float, Field(ge=0)]
     wall_s: Annotated[float, Field(ge=0)]
+    # What wrote the text: the diffusion decoder, the plain AR fill, or AR drafts chosen by how they join the text after
+    # the gap ("ar-infill"). Absent from servers that predate it, and when nothing ran.
+    mode: Literal["diffusion", "ar", "ar-infill"] | None = None
 
 
 GenStatus = Literal["completed", "cancelled", "superseded", "stale", "failed", "unavailable"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
 from canvas.engine import Engine, GenRequest
+from canvas.engine_ar import clause_end_ids
 from canvas.model.config import ModelConfig
 from canvas.model.cpu import DtypeChoice
 from canvas.modes import Kind, ModeDefaults, load_mode_defaults, request_kind
@@ -79,7 +80,8 @@ class Backend:
 
     def request(self, view: CanvasView, config: SamplerConfig, *, stream_every: int = 1) -> GenRequest:
         """The engine request that fills the free slots of a document's canvas view."""
-        return GenRequest(self.context(view.context_ids), view.slot_ids, view.pinned, config, stream_every=stream_every)
+        return GenRequest(self.context(view.context_ids), view.slot_ids, view.pinned, config, stream_every=stream_every,
+                          avoid=view.replaced_ids)
 
     def proposal(self, doc: Document, canvas: tuple[int, ...]) -> Proposal:
         """A generated canvas read back into `doc` (the document the request's view came from): nulls dropped,
@@ -158,9 +160,11 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     sampler_defaults = load_sampler_defaults(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     bos_id, eos_id, null_id = _special_ids(tok, model.config)
+    # Where an AR infill's drafts may end (canvas.engine_ar): tokens that end a clause or a sentence.
+    clause_ends = clause_end_ids(tok.convert_ids_to_tokens(list(range(model.config.vocab_size))))
     return Backend(
         name=model.config.name or path.name,
-        local_engine=Engine(model, max_batch=max_batch),
+        local_engine=Engine(model, max_batch=max_batch, clause_ends=clause_ends),
         tokenizer=HFTokenizer(tok),
         canvas_length=model.config.canvas_length,
         bos_id=bos_id,

@@ -319,6 +319,7 @@ class Generations:
             tokens_per_forward=round(done.tokens_per_forward, 4) if done else 0.0,
             tok_s=round(done.tok_s, 2) if done else 0.0,
             wall_s=round(done.wall_s, 4) if done else 0.0,
+            mode=done.mode if done else None,
         )
         msg = GenDone(re=run.re, gen=run.id, doc_id=live.doc_id, status=status, proposal=proposal, stats=stats)
         run.session.send(msg if message is None else msg.model_copy(update={"message": message}))

@@ -287,6 +287,16 @@ def test_mask_snaps_to_tokens_and_keeps_the_text(tok: HFTokenizer) -> None:
     assert len(view.slot_ids) == len(tok.encode(doc.text).ids)  # a mask means no tail: the canvas ends with the text
 
 
+def test_view_names_the_text_each_free_run_replaces(tok: HFTokenizer) -> None:
+    """`replaced_ids`: per run of free slots, the masked text's ids (a rewrite's old text), nothing for a gap."""
+    doc = make(tok, "The cat sat on the mat.")
+    doc.mask(3, 7)  # " cat"
+    doc.insert_gap(14, 2)  # before " the"
+    view = doc.canvas_view()
+    assert view.replaced_ids == (tok.encode(" cat").ids, ())
+    assert len(view.replaced_ids) == len(view.free_regions)
+
+
 def test_mask_non_ascii(tok: HFTokenizer) -> None:
     text = "Le café 😀 中文 fin"
     doc = make(tok, text, canvas=32)

@@ -115,12 +115,14 @@ def test_ar_greedy_matches_manual_decode(model: DiffusionModel) -> None:
 def test_ar_feeds_pinned_runs_at_once(model: DiffusionModel) -> None:
     slots = (7, 8, 9, 0, 0, 10)
     pinned = (True, True, True, False, False, True)
-    req = GenRequest((4, 5), slots, pinned, SamplerConfig(mode="ar"))
+    req = GenRequest((4, 5), slots, pinned, SamplerConfig(mode="ar", ar_drafts=1, ar_seam_tokens=0))  # plain fill
     (done,), _ = run(Engine(model), [req])
     out = done.canvases[0]
     assert out[:3] == (7, 8, 9) and out[5] == 10
-    # 1 forward for the pinned run, 1 per free slot, 1 for the last pin; the unused rest of the canvas is skipped
-    assert done.forwards == 1 + 2 + 1 and len(out) == model.config.canvas_length
+    # 1 forward for the pinned run, 1 per free slot; the last pinned run is not fed (nothing after it reads the
+    # context) and the unused rest of the canvas is skipped
+    assert done.forwards == 1 + 2 and len(out) == model.config.canvas_length
+    assert done.mode == "ar"
 
 
 def test_continuation_stops_at_eos(model: DiffusionModel) -> None:
