@@ -36,6 +36,9 @@ BUILD_VERSION = 3  # bump when the pipeline's output changes for the same inputs
 HERE = Path(__file__).resolve().parent
 CALIBRATION = HERE / "calibration.jsonl"
 ADAPTERS = HERE.parents[0] / "assets" / "gemma3-adapters"  # part 2's trained weights, when committed
+# The default build's generation defaults (default modes, AR and sampler settings), as `dcanvas eval
+# --write-defaults` measured them on a build: an input of the build like the weights, so a rebuild keeps them.
+GENERATION = HERE / "gemma3_generation.json"
 FIM_ADAPTERS = HERE.parents[0] / "assets" / "gemma3-fim-adapters"  # the FIM fine-tune's (issue 30), when committed
 
 
@@ -118,7 +121,38 @@ def fingerprint(cfg: BuildConfig, gguf_sha: str) -> dict[str, Any]:
     fim = _fim_digest()
     if fim is not None:  # absent from the record without them, so models built before FIM stay up to date
         fp["fim_adapters"] = fim
+    generation = _generation()
+    if generation:  # likewise
+        fp["generation"] = generation
     return fp
+
+
+def _generation() -> dict[str, Any]:
+    return dict(json.loads(GENERATION.read_text(encoding="utf-8"))) if GENERATION.is_file() else {}
+
+
+def _sampler_and_extra(generation: dict[str, Any], **base: Any) -> tuple[SamplerConfig, dict[str, Any]]:
+    """`generation` split into sampler settings (over `base`) and the other extra keys (the default modes)."""
+    fields = {f.name for f in dataclasses.fields(SamplerConfig)}
+    sampler = SamplerConfig(**{**base, **{k: v for k, v in generation.items() if k in fields}})
+    return sampler, {k: v for k, v in generation.items() if k not in fields}
+
+
+def adopt_generation(model_dir: Path, values: dict[str, Any]) -> bool:
+    """Make `values` (what `dcanvas eval --write-defaults` just wrote into `model_dir`) inputs of the build when
+    `model_dir` is one of its outputs: merged into the committed `GENERATION` file, and `build.json` re-stamped with
+    the new fingerprint and the files' new sha256, so the directory stays up to date instead of being rebuilt (which
+    would have lost them). Returns whether `model_dir` was a build."""
+    record = model_dir / "build.json"
+    if not record.is_file():
+        return False
+    meta = json.loads(record.read_text(encoding="utf-8"))
+    merged = {**_generation(), **values}
+    GENERATION.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    meta["fingerprint"]["generation"] = merged
+    meta["files"] = _files_sha(model_dir)
+    record.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return True
 
 
 def is_built(out: Path, fp: dict[str, Any]) -> bool:
@@ -192,7 +226,13 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     steps("writing the model")
     # AR mode samples at 0.7: greedy decoding of a 270M base model loops ("beautiful, beautiful, ..."), as the
     # original Gemma 3 does; the diffusion sampler's defaults stay the reference's until the fine-tune sets them.
-    model.save_pretrained(str(tmp), sampler=SamplerConfig(ar_temperature=0.7, fim=fim))
+    # The measured generation defaults, when `dcanvas eval --write-defaults` has written them (`GENERATION`).
+    sampler, extra = _sampler_and_extra(_generation(), ar_temperature=0.7, fim=fim)
+    model.save_pretrained(str(tmp), sampler=sampler)
+    if extra:
+        from canvas.modes import write_extra
+
+        write_extra(tmp, extra)
     for f in notice_files():
         shutil.copy(f, tmp / f.name)
     (tmp / "README.md").write_text(_card(cfg, model, fits))

@@ -54,7 +54,7 @@ class Variant:
     ar_drafts: int | None = None
     ar_seam_tokens: int | None = None
 
-    def settings(self) -> dict[str, int]:
+    def settings(self) -> dict[str, Any]:
         return {k: v for k in AR_SETTINGS if (v := getattr(self, k)) is not None}
 
     @property

@@ -455,6 +455,10 @@ def run(args: argparse.Namespace) -> int:
         result["defaults_choice"] = choice = choose_defaults(result["results"], cfg.speed_scale)
         result["defaults_written"] = written = write_defaults(Path(model_dir), choice, result["sweep"])
         console.print(f"{model_dir}: defaults now {json.dumps(written)}")
+        from canvas.convert.build import GENERATION, adopt_generation
+
+        if adopt_generation(Path(model_dir), written):  # a build's output: keep them across rebuilds
+            console.print(f"{GENERATION}: the build's generation defaults (commit it)")
     if args.card:
         key = "defaults" if args.write_defaults else "main"
         update_card(card, key, card_section(result, shlex.join(["dcanvas", *sys.argv[1:]])))

@@ -98,3 +98,24 @@ def test_slice_vocab_keeps_the_chosen_rows() -> None:
     full, _ = model.encode(old[ids])
     assert logits is not None and full is not None
     torch.testing.assert_close(logits, full[..., old])
+
+
+def test_eval_defaults_become_build_inputs_without_a_rebuild(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dcanvas eval --write-defaults` on a build: the values go into the committed generation file, build.json is
+    re-stamped (still up to date, so no rebuild loses them), and a rebuild writes them back."""
+    monkeypatch.setattr(build_mod, "GENERATION", tmp_path / "generation.json")
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "dcanvas_sampler.json").write_text(json.dumps({"ar_temperature": 0.7}))
+    fp = {"build_version": 1, "gguf_sha256": "x"}
+    (out / "build.json").write_text(json.dumps({"fingerprint": fp, "files": build_mod._files_sha(out)}))
+    written = {"default_mode_infill": "ar", "ar_drafts": 8}
+    (out / "dcanvas_sampler.json").write_text(json.dumps({"ar_temperature": 0.7, **written}))  # eval wrote this
+    assert not build_mod.is_built(out, fp)
+    assert build_mod.adopt_generation(out, written)
+    assert build_mod.is_built(out, {**fp, "generation": written})
+    assert json.loads(build_mod.GENERATION.read_text()) == written
+    sampler, extra = build_mod._sampler_and_extra(build_mod._generation(), ar_temperature=0.7)
+    assert sampler.ar_drafts == 8 and sampler.ar_temperature == 0.7 and extra == {"default_mode_infill": "ar"}
+    assert not build_mod.adopt_generation(tmp_path, written)  # not a build: nothing adopted
