@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from canvas.model import DiffusionModel, KVCache
-from canvas.sampler import SamplerConfig
+from canvas.sampler import SamplerConfig, truncate_logits
 
 _NEG = float("-inf")
 _serials = itertools.count(1)
@@ -154,6 +154,7 @@ class ARWalk:
                     if again:
                         logits[k, list(again)] = _NEG
         if self.cfg.ar_temperature > 0:
+            logits = truncate_logits(logits, self.cfg.ar_top_k, self.cfg.ar_top_p, self.cfg.ar_min_p)
             probs = torch.softmax(logits / self.cfg.ar_temperature, dim=-1)
             tok = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
         else:

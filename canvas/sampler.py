@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,11 @@ class SamplerConfig:
     # A seam-aware draft never repeats an n-gram of its own of this many tokens (0: off): a small model's samples fall
     # into loops ("of the children of the fathers of the children of ...") that no seam score can repair.
     ar_no_repeat: int = 4
+    # AR mode's truncation before sampling, in llama.cpp's order (top-k, then top-p, then min-p, temperature last),
+    # each off at its default: per request (llama.cpp's fields on the HTTP routes), never stored with the model.
+    ar_top_k: int = 0
+    ar_top_p: float = 1.0
+    ar_min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= 1024:
@@ -102,6 +108,10 @@ class SamplerConfig:
             raise ValueError(f"ar_select_temperature must be >= 0, got {self.ar_select_temperature}")
         if not isinstance(self.ar_no_repeat, int) or not (self.ar_no_repeat == 0 or 2 <= self.ar_no_repeat <= 64):
             raise ValueError(f"ar_no_repeat must be 0 or an integer in [2, 64], got {self.ar_no_repeat!r}")
+        if not isinstance(self.ar_top_k, int) or self.ar_top_k < 0:
+            raise ValueError(f"ar_top_k must be an integer >= 0 (0: off), got {self.ar_top_k!r}")
+        if not 0 < self.ar_top_p <= 1 or not 0 <= self.ar_min_p <= 1:
+            raise ValueError(f"ar_top_p must be in (0, 1] and ar_min_p in [0, 1], got {self.ar_top_p}, {self.ar_min_p}")
 
     # ---- generation_config.json: a model's own sampler defaults (the file transformers' `generate` reads) ----------
     def to_generation_config(self) -> dict[str, Any]:
@@ -148,6 +158,28 @@ _GENERATION_KEYS = {
 }
 # Settings of ours that transformers' DiffusionGemma generation config would reject (it refuses unknown keys): they
 # live beside it in this file of the model directory.
+def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> Tensor:
+    """Logits (K, V) with the tail cut off as llama.cpp's samplers do, in its order: the `top_k` most likely, then
+    the smallest set whose probability reaches `top_p`, then those at least `min_p` times the most likely; the rest
+    -inf. Each is off at its default (0, 1, 0), and the most likely token always stays. Probabilities are the
+    untempered ones (temperature comes last in llama.cpp's chain)."""
+    if top_k <= 0 and top_p >= 1 and min_p <= 0:
+        return logits
+    out = logits.clone()
+    if 0 < top_k < out.shape[-1]:
+        kth = out.topk(top_k, dim=-1).values[:, -1:]  # (K, 1)
+        out[out < kth] = -math.inf
+    if top_p < 1:
+        sorted_, order = out.sort(dim=-1, descending=True)
+        cum = sorted_.softmax(-1).cumsum(-1)
+        drop = cum - sorted_.softmax(-1) >= top_p  # a token goes once the ones before it already reach top_p
+        out.scatter_(-1, order, sorted_.masked_fill(drop, -math.inf))
+    if min_p > 0:
+        probs = out.softmax(-1)
+        out[probs < min_p * probs.max(dim=-1, keepdim=True).values] = -math.inf
+    return out
+
+
 EXTRA_FILE = "dcanvas_sampler.json"
 _EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "fim", "ar_drafts", "ar_seam_tokens", "ar_min_fill", "ar_endings",
                "ar_draft_weight", "ar_select_temperature", "ar_no_repeat")

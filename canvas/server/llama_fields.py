@@ -4,8 +4,8 @@
 Owns the three sets every llama.cpp field falls in, so that both dialects and docs/openai-llama.md agree:
 - honoured (`LlamaFields`): `n_predict` (the token budget, clamped as llama.cpp clamps it; -1: the route's
   default), `seed` (negative, llama.cpp's default -1: random), `t_max_predict_ms` (`Deadline`), `n_indent`,
-  `id_slot` (a hint: accepted; there are no slots to pin a request to), and `top_k` / `top_p` / `min_p`, checked
-  and mapped as the docs' table says (the engine's samplers have no truncation step: they are not applied);
+  `id_slot` (a hint: accepted; there are no slots to pin a request to), and `top_k` / `top_p` / `min_p`, which
+  cut the tail of AR mode's next-token distribution as llama.cpp does (the diffusion sampler has no such step);
 - ignored by name (`IGNORED`): cache, slot, progress and sampler-chain knobs with no meaning here;
 - refused unless absent or neutral (`REFUSED`): what would change what the client gets (grammars, probabilities).
 A name in none of the sets is still unknown: the OpenAI routes refuse it (400), `/infill` ignores it, as llama.cpp.
@@ -59,8 +59,8 @@ class LlamaFields(BaseModel):
     """The llama.cpp fields an OpenAI route honours or refuses (mixed into its request model)."""
 
     n_predict: int | None = Field(default=None, ge=-1)  # wins over max_tokens, as in llama.cpp
-    top_k: int | None = None  # checked, not applied (see the module docstring); <= 0 is off in llama.cpp
-    min_p: float | None = Field(default=None, ge=0, le=1)  # checked, not applied
+    top_k: int | None = None  # AR mode's truncation; <= 0 is off, as in llama.cpp
+    min_p: float | None = Field(default=None, ge=0, le=1)  # AR mode's truncation
     t_max_predict_ms: int = Field(default=0, ge=0)
     n_indent: int = Field(default=0, ge=0)
     id_slot: int | None = Field(default=None, ge=-1)  # a hint only

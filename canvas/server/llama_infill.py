@@ -6,7 +6,8 @@ oldest first; their file names are not used), then `input_prefix`, then `prompt`
 up to the cursor there); `input_suffix` follows the gap. `n_predict` is the token budget (-1: the largest gap; 0:
 nothing is generated, as llama.vim's context warm-up requests expect; with no suffix, -1 is one canvas).
 
-Like llama.cpp, unknown fields are ignored, and so are the sampler chain's knobs (`samplers`, `top_k`, `top_p`, ...)
+Like llama.cpp, unknown fields are ignored, and so are the sampler chain's knobs (`samplers`, penalties, ...;
+`top_k`, `top_p` and `min_p` cut the tail of AR mode's next-token distribution)
 and the slot and cache hints; a field that could not be ignored without changing what the client gets (`grammar`,
 `json_schema`, `n_probs`, `logit_bias`, `lora`, ...) is refused with a 400. Supported: `n_indent` (the text ends
 at the first later line indented less), `t_max_predict_ms` (after that long, the first draft holding a newline is
@@ -56,6 +57,9 @@ class InfillRequest(BaseModel):
     n_predict: int | None = Field(default=None, ge=-1)
     max_tokens: int | None = Field(default=None, ge=-1)  # llama.cpp's alias when n_predict is absent
     temperature: float | None = Field(default=None, ge=0)
+    top_k: int | None = None  # AR mode's truncation (<= 0: off); diffusion has no such step
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = None  # -1: a random seed
     stop: str | list[str] = Field(default_factory=list)
     stream: bool = False
@@ -121,7 +125,8 @@ def _task(api: HttpApi, req: InfillRequest) -> TextTask:
                           canvas_length=api.backend.canvas_length, max_canvases=api.limits.max_canvases)
     try:
         mode = api.backend.mode_for(req.dcanvas.mode if req.dcanvas else None, "infill" if infill else "continuation")
-        config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature, mode=mode)
+        config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature, mode=mode,
+                                top_k=req.top_k, top_p=req.top_p, min_p=req.min_p)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
     seed = llama_seed(req.seed)

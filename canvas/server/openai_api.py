@@ -90,8 +90,9 @@ class _Common(_Wire, LlamaFields):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     dcanvas: Extension | None = None
-    # Ignored: sampling hints the entropy-bound sampler has no counterpart for (`top_p` is llama.cpp's too).
+    # AR mode cuts the next-token tail by it (with llama.cpp's top_k and min_p); diffusion has no such step.
     top_p: float | None = Field(default=None, ge=0, le=1)
+    # Ignored: penalties the entropy-bound sampler has no counterpart for.
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     user: str | None = None
@@ -221,7 +222,7 @@ def _task(api: HttpApi, req: _Common, prompt: str, suffix: str | None, max_token
     api.check_text(prompt, suffix)
     try:
         config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature, max_steps=ext.max_steps,
-                                entropy_bound=ext.entropy_bound,
+                                entropy_bound=ext.entropy_bound, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
                                 mode=api.backend.mode_for(ext.mode, "infill" if infill else "continuation"))
     except ValueError as e:
         raise Refusal(400, str(e)) from None

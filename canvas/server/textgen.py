@@ -74,12 +74,23 @@ class Plan:
 
 
 def sampler_config(defaults: SamplerConfig, *, temperature: float | None = None, max_steps: int | None = None,
-                   entropy_bound: float | None = None, mode: Mode | None = None) -> SamplerConfig:
-    """The model's sampler defaults with a request's settings. `temperature` is where the annealed schedule starts
-    (t_max); its end keeps the model's t_min / t_max ratio; 0 is near-greedy; `mode` is the resolved mode
-    (`Backend.mode_for`). Raises ValueError on bad values."""
+                   entropy_bound: float | None = None, mode: Mode | None = None, top_k: int | None = None,
+                   top_p: float | None = None, min_p: float | None = None) -> SamplerConfig:
+    """The model's sampler defaults with a request's settings. `mode` is the resolved mode (`Backend.mode_for`). In
+    diffusion mode `temperature` is where the annealed schedule starts (t_max; its end keeps the model's t_min /
+    t_max ratio; 0 is near-greedy); in AR mode it is the drafts' sampling temperature (0: greedy), and `top_k`,
+    `top_p`, `min_p` cut the tail before sampling (diffusion has no such step: they do not apply there). Raises
+    ValueError on bad values."""
     fields: dict[str, Any] = {} if mode is None else {"mode": mode}
-    if temperature is not None:
+    if top_k is not None:
+        fields["ar_top_k"] = max(0, int(top_k))  # llama.cpp: <= 0 is off
+    if top_p is not None:
+        fields["ar_top_p"] = float(top_p) if top_p > 0 else 1.0  # 0 would keep nothing: llama.cpp treats it as off
+    if min_p is not None:
+        fields["ar_min_p"] = float(min_p)
+    if temperature is not None and (mode or defaults.mode) == "ar":
+        fields["ar_temperature"] = float(temperature)
+    elif temperature is not None:
         t_max = max(float(temperature), _MIN_TEMPERATURE)
         fields["t_max"] = t_max
         fields["t_min"] = max(t_max * defaults.t_min / defaults.t_max, _MIN_TEMPERATURE)

@@ -86,3 +86,30 @@ def test_select_accepted_matches_a_loop() -> None:
                 want.add(i)
             total += e
         assert {i for i in range(20) if got[b, i]} == want
+
+
+# ---- AR mode's truncation (llama.cpp's top_k / top_p / min_p) -----------------------------------------------------
+def test_truncate_logits_keeps_what_each_cut_allows() -> None:
+    from canvas.sampler import truncate_logits
+
+    probs = torch.tensor([[0.5, 0.25, 0.15, 0.07, 0.03]])
+    logits = probs.log()
+    kept = lambda out: (out > -torch.inf)[0].tolist()  # noqa: E731
+    assert truncate_logits(logits) is logits  # all off: untouched
+    assert kept(truncate_logits(logits, top_k=2)) == [True, True, False, False, False]
+    assert kept(truncate_logits(logits, top_p=0.7)) == [True, True, False, False, False]  # 0.5 + 0.25 reach 0.7
+    assert kept(truncate_logits(logits, top_p=0.75)) == [True, True, False, False, False]
+    assert kept(truncate_logits(logits, top_p=0.76)) == [True, True, True, False, False]
+    assert kept(truncate_logits(logits, min_p=0.3)) == [True, True, True, False, False]  # >= 0.3 * 0.5
+    assert kept(truncate_logits(logits, top_p=0.01)) == [True, False, False, False, False]  # the best stays
+    both = truncate_logits(logits.expand(2, -1), top_k=3, min_p=0.5)
+    assert (both > -torch.inf).tolist() == [[True, True, False, False, False]] * 2
+
+
+def test_truncation_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="ar_top_k"):
+        SamplerConfig(ar_top_k=-1)
+    with pytest.raises(ValueError, match="ar_top_p"):
+        SamplerConfig(ar_top_p=0.0)
+    with pytest.raises(ValueError, match="ar_min_p"):
+        SamplerConfig(ar_min_p=1.5)

@@ -257,3 +257,16 @@ async def test_closing_a_run_cancels_its_generations(backend: Backend) -> None:
     for c in run.choices:
         assert c.handle is not None
         assert (await asyncio.to_thread(c.handle.wait, 30)).status == "cancelled"
+
+
+def test_sampler_config_maps_temperature_and_truncation_by_mode() -> None:
+    from canvas.sampler import SamplerConfig
+    from canvas.server.textgen import sampler_config
+
+    base = SamplerConfig(ar_temperature=0.7)
+    ar = sampler_config(base, temperature=0.3, mode="ar", top_k=40, top_p=0.9, min_p=0.05)
+    assert (ar.ar_temperature, ar.ar_top_k, ar.ar_top_p, ar.ar_min_p, ar.t_max) == (0.3, 40, 0.9, 0.05, base.t_max)
+    diffusion = sampler_config(base, temperature=0.3, mode="diffusion")
+    assert diffusion.t_max == 0.3 and diffusion.ar_temperature == 0.7
+    off = sampler_config(base, mode="ar", top_k=-1, top_p=0.0)  # llama.cpp's "off" values
+    assert (off.ar_top_k, off.ar_top_p) == (0, 1.0)
