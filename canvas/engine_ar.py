@@ -146,13 +146,14 @@ class ARWalk:
             banned = [t for t in (self.model.config.null_token_id, *self.model.config.eos_token_ids) if t is not None]
             logits = logits.clone()
             logits[:, banned] = _NEG
-            n = self.cfg.ar_no_repeat
-            if n and self.n >= n - 1:
-                heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
-                for k, head in enumerate(heads):
-                    again = self.seen[k].get(tuple(head))
-                    if again:
-                        logits[k, list(again)] = _NEG
+        n = self.cfg.ar_no_repeat
+        if n and self.n >= n - 1:  # every draft, continuations too: a 270M base loops at any temperature we use
+            logits = logits.clone()
+            heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
+            for k, head in enumerate(heads):
+                again = self.seen[k].get(tuple(head))
+                if again:
+                    logits[k, list(again)] = _NEG
         if self.cfg.ar_temperature > 0:
             logits = truncate_logits(logits, self.cfg.ar_top_k, self.cfg.ar_top_p, self.cfg.ar_min_p)
             probs = torch.softmax(logits / self.cfg.ar_temperature, dim=-1)
@@ -162,7 +163,7 @@ class ARWalk:
         i = self.n
         self.tokens[:, i] = tok
         n = self.cfg.ar_no_repeat
-        if self.scored and n and i >= n - 1:
+        if n and i >= n - 1:
             grams = self.tokens[:, i - n + 1 : i + 1].tolist()
             for k, gram in enumerate(grams):
                 self.seen[k].setdefault(tuple(gram[:-1]), set()).add(gram[-1])

@@ -68,8 +68,9 @@ class SamplerConfig:
     ar_endings: int = 4  # endings scored per draft: the budget and the clause ends nearest it
     ar_draft_weight: float = 0.0  # weight of the draft's own mean log-likelihood (per token) beside the seam's
     ar_select_temperature: float = 0.0  # 0 picks the best-scoring candidate; > 0 samples by softmax(score / this)
-    # A seam-aware draft never repeats an n-gram of its own of this many tokens (0: off): a small model's samples fall
-    # into loops ("of the children of the fathers of the children of ...") that no seam score can repair.
+    # An AR draft (an infill's or a continuation's) never repeats an n-gram of its own of this many tokens (0: off):
+    # a small model's samples fall into loops ("of the children of the fathers of the children of ...") that no seam
+    # score can repair.
     ar_no_repeat: int = 4
     # AR mode's truncation before sampling, in llama.cpp's order (top-k, then top-p, then min-p, temperature last),
     # each off at its default: per request (llama.cpp's fields on the HTTP routes), never stored with the model.
