@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
 from canvas.model import DiffusionModel
 from canvas.training.adapt import LoRA, _owner
 from canvas.training.fim import FIM, PLAIN, SENTINELS, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
+from canvas.training.train import save_checkpoint
 
 # Attention (reading the suffix across the sentinels is attention's work) and the MLP's output projection (a write
 # path into the residual stream); the MLP's gate/up, the largest matrix (4096 x 640), is left out: rank 8 on it
@@ -282,11 +282,7 @@ class FimTrainer:
             "train_config": self.cfg.to_json(),
             "model_config": self.model.config.to_hf_dict(),
         }
-        tmp = self.run_dir / "checkpoint.pt.tmp"
-        torch.save(payload, tmp)
-        if self.checkpoint_path.exists():
-            os.replace(self.checkpoint_path, self.run_dir / "checkpoint.prev.pt")
-        os.replace(tmp, self.checkpoint_path)
+        save_checkpoint(payload, self.checkpoint_path)
         self.write_curve()
 
     def load(self) -> bool:

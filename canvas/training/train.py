@@ -136,6 +136,16 @@ class TrainConfig:
         return self.lr * (1 - frac * (1 - self.min_lr_frac))
 
 
+def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
+    """Write `payload` to `path` atomically (a temporary file renamed in), the previous checkpoint kept beside it as
+    `checkpoint.prev.pt`: a run killed mid-write resumes from one or the other, never from half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    if path.exists():
+        os.replace(path, path.with_name("checkpoint.prev.pt"))
+    os.replace(tmp, path)
+
+
 def _step_generators(seed: int, step: int, stream: int = 0) -> tuple[np.random.Generator, torch.Generator]:
     rng = np.random.default_rng([seed, stream, step])
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
@@ -261,11 +271,7 @@ class Trainer:
             "model_config": self.model_config.to_hf_dict(),
             "tokens_meta": self.train_data.meta,
         }
-        tmp = self.run_dir / "checkpoint.pt.tmp"
-        torch.save(payload, tmp)
-        if self.checkpoint_path.exists():
-            os.replace(self.checkpoint_path, self.run_dir / "checkpoint.prev.pt")
-        os.replace(tmp, self.checkpoint_path)
+        save_checkpoint(payload, self.checkpoint_path)
         self.write_curve()
 
     def load(self) -> bool:
