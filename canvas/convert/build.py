@@ -44,7 +44,7 @@ FIM_ADAPTERS = HERE.parents[0] / "assets" / "gemma3-fim-adapters"  # the FIM fin
 
 @dataclass(frozen=True, slots=True)
 class BuildConfig:
-    vocab_size: int | None = 65_536  # None: keep Gemma's 262,144; 64k chosen by measurement (BENCHMARKS.md)
+    vocab_size: int | None = 98_304  # None: keep Gemma's 262,144; 96k chosen by measurement (BENCHMARKS.md)
     calibration_tokens: int = 256  # per calibration passage (BOS included)
     convert: ConvertConfig = ConvertConfig(name="gemma3-270m-dg")
 

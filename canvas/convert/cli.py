@@ -31,9 +31,9 @@ def _vocab(value: str) -> int | None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vocab-size", type=_vocab, default=65_536,
+    p.add_argument("--vocab-size", type=_vocab, default=98_304,
                    help="trimmed vocabulary: the first ids of the committed ranking (canvas/convert/vocab.py) plus "
-                        "every special, sentinel and byte-fallback token, or 'full' (default: 65536)")
+                        "every special, sentinel and byte-fallback token, or 'full' (default: 98304)")
     p.add_argument("--experts", type=int, default=4, help="routed experts per layer (zero until trained; default 4)")
     p.add_argument("--canvas-length", type=int, default=256)
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
+from canvas.convert.build import BuildConfig
 from canvas.convert.vocab import (
     BYTE_TOKENS,
     FIM_PREFIX,
@@ -144,7 +145,7 @@ def test_committed_ranking_is_small_and_documented() -> None:
     ids = load_ranking(RANKING)
     header = [line for line in RANKING.read_text().splitlines() if line.startswith("#")]
     assert RANKING.stat().st_size < 1_000_000
-    assert len(ids) == len(set(ids)) >= 65_536 and all(0 <= i < 262_144 for i in ids)
+    assert len(ids) == len(set(ids)) >= BuildConfig().vocab_size and all(0 <= i < 262_144 for i in ids)
     assert any("train.jsonl" in h for h in header) and any("sha256" in h for h in header)
     assert any("merge order" in h for h in header)
     if REAL.is_file():  # the words everyone writes come early, from both the mixture and the prior
@@ -330,13 +331,13 @@ def test_save_trimmed_loads_with_transformers(tmp_path: Path) -> None:
 # ---- the real Gemma 3 tokenizer ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL.is_file(), reason=f"no Gemma 3 tokenizer at {REAL} (`dcanvas model build` makes it)")
-def test_real_gemma_at_64k(tmp_path: Path) -> None:
+def test_real_gemma_at_the_default_size(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     tj = json.loads(REAL.read_text(encoding="utf-8"))
-    v = trim_vocab(tj, load_ranking(), 65_536, sentinels=FIM_SOURCES)
+    v = trim_vocab(tj, load_ranking(), BuildConfig().vocab_size, sentinels=FIM_SOURCES)
     tok, old = v.tokenizer(), Tokenizer.from_file(str(REAL))
-    assert v.size == tok.get_vocab_size(with_added_tokens=True) == 65_536
+    assert v.size == tok.get_vocab_size(with_added_tokens=True) == BuildConfig().vocab_size
     assert [tok.token_to_id(t) for t in FIM_SOURCES.values()] == [6, 7, 8, 9]
     for t in ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]:
         assert tok.token_to_id(t) == old.token_to_id(t)
