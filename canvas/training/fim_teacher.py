@@ -1,0 +1,95 @@
+"""The original Gemma 3 as the teacher of the FIM fine-tune's plain text.
+
+Owns loading the unconverted Gemma 3 (the build's cached HF copy, fp32) next to a trimmed, converted base and
+answering one question: its next-token log-probabilities, over the trimmed vocabulary, at the plain-text targets of a
+packed batch (`canvas.training.fim.Rows`). Distilling from it instead of from the converted base lets the adapters
+learn back what the conversion cost (the former global layers' rope theta; BENCHMARKS.md, issue 28) while the corpus
+only supplies inputs, so its narrow style is not what they learn.
+
+Invariants: the teacher is frozen and runs under `no_grad`; its distribution is renormalised over the trimmed ids
+that exist in Gemma's vocabulary (the others, e.g. the FIM sentinels renamed from `<unusedN>`, get probability 0);
+rows come out in the row-major order of `kind[:, 1:] == PLAIN`, the order the trainer gathers its own positions in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from canvas.training.fim import PLAIN, Rows
+
+
+def trimmed_to_gemma_ids(trimmed_tok: Any, gemma_tok: Any) -> Tensor:
+    """Gemma's id for each trimmed id, -1 where Gemma has no such token. (V_trim,)"""
+    vocab = gemma_tok.get_vocab()
+    out = [vocab.get(trimmed_tok.convert_ids_to_tokens(i), -1) for i in range(len(trimmed_tok))]
+    return torch.tensor(out, dtype=torch.long)
+
+
+class GemmaTeacher:
+    """Gemma 3 restricted to a trimmed vocabulary: `plain_log_probs(rows)` -> (N_plain, V_trim) log-probabilities."""
+
+    def __init__(self, model: Any, gemma_ids: Tensor) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.gemma_ids = gemma_ids
+        keep = gemma_ids >= 0
+        embed = model.get_input_embeddings().weight
+        rows = torch.zeros(gemma_ids.numel(), embed.shape[1], dtype=embed.dtype, device=embed.device)
+        rows[keep] = embed[gemma_ids[keep].to(embed.device)]
+        self.head = rows  # (V_trim, M): the tied head's rows in the trimmed order
+        self.missing = ~keep.to(embed.device)  # (V_trim,)
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    @classmethod
+    def load(cls, base: Path, cache: Path | None = None) -> GemmaTeacher:
+        """The cached HF copy the build made (`<cache>/gemma3/hf`) against the base's own tokenizer."""
+        from transformers import AutoTokenizer
+
+        from canvas.convert.source import load_gemma3
+
+        root = cache or Path.home() / ".cache" / "dcanvas"
+        hf = root / "gemma3" / "hf"
+        if not (hf / "config.json").is_file():
+            raise FileNotFoundError(f"no cached Gemma 3 at {hf}: `dcanvas model build` writes it")
+        model, gemma_tok = load_gemma3(hf)
+        trimmed = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+        return cls(model, trimmed_to_gemma_ids(trimmed, gemma_tok))
+
+    @torch.no_grad()
+    def plain_log_probs(self, rows: Rows) -> Tensor:
+        """Log-probabilities of the next token at every position whose target is PLAIN. (N_plain, V_trim)"""
+        plain = rows.kind[:, 1:] == PLAIN  # (B, T-1): target t+1 predicted at t
+        spans: list[tuple[int, int, int]] = []  # (row, start, end) of each piece with a plain target
+        for b in range(rows.ids.shape[0]):
+            seg = rows.segment[b]
+            for s in torch.unique(seg[1:][plain[b]]).tolist():
+                where = (seg == s).nonzero().flatten()
+                spans.append((b, int(where[0]), int(where[-1]) + 1))
+        if not spans:
+            return torch.empty(0, self.head.shape[0])
+        longest = max(e - s for _, s, e in spans)
+        ids = torch.zeros(len(spans), longest, dtype=torch.long)
+        mask = torch.zeros(len(spans), longest, dtype=torch.long)
+        for i, (b, s, e) in enumerate(spans):
+            ids[i, : e - s] = self.gemma_ids[rows.ids[b, s:e].cpu()].clamp_min(0)
+            mask[i, : e - s] = 1
+        device = self.head.device
+        h = self.model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # (P, L, M)
+        picked = []  # gather in the row-major order of `plain`
+        order = sorted(range(len(spans)), key=lambda i: (spans[i][0], spans[i][1]))
+        for i in order:
+            b, s, e = spans[i]
+            sel = plain[b, s:e].clone()
+            if e == rows.ids.shape[1]:  # the last position has no target inside the row
+                sel = torch.cat([plain[b, s : e - 1], torch.zeros(1, dtype=torch.bool, device=plain.device)])
+            picked.append(h[i, : e - s][sel.to(device)])
+        x = torch.cat(picked)  # (N_plain, M)
+        logits = F.linear(x, self.head).float()  # (N_plain, V_trim)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        logits = logits.masked_fill(self.missing, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
