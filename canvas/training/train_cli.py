@@ -55,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "canvas.training.fim_train)")
     parser.add_argument("--fim-rate", dest="fim_rate", type=float, default=None, help="fim: share of FIM pieces (0.5)")
     parser.add_argument("--plain-anchor", dest="plain_anchor", type=float, default=None,
-                        help="fim, a new run: plain targets' loss weight on KL from the base, the rest hard CE (0.9)")
+                        help="fim, a new run: plain targets' loss weight on KL from the base, the rest hard CE (0.5)")
     parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="fim: packed row length (512)")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (canvas-6m)")
     parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens; fim: "
