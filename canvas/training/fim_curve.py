@@ -2,7 +2,8 @@
 
 `python -m canvas.training.fim_curve RUN_DIR [--out PNG]` reads the run's `loss.csv` (`canvas.training.fim_train`)
 and plots its evaluation rows; the train losses (window means) are drawn faintly behind. The plain loss's base value
-(step 0) is marked with the 2% perplexity bound the fine-tune must stay under. Needs matplotlib (the `dev` extra).
+(step 0) is marked with the 2% perplexity bound the fine-tune must stay under; where the log has it, the held-out
+plain KL from the base (the drift) is drawn on a right-hand axis. Needs matplotlib (the `dev` extra).
 """
 
 from __future__ import annotations
@@ -38,11 +39,19 @@ def plot_curve(rows: list[dict[str, float]], out: Path, *, title: str = "FIM fin
     ax.plot(x, [r["valid_plain"] for r in evals], "s-", color="tab:orange", ms=3, label="held-out plain AR")
     base = evals[0]["valid_plain"]
     ax.axhline(base + math.log(1.02), color="tab:orange", ls=":", lw=0.8, label="plain: base + 2% perplexity")
+    kl = [(r["tokens"], r["valid_plain_kl"]) for r in evals if "valid_plain_kl" in r]
+    handles, labels = ax.get_legend_handles_labels()
+    if kl:
+        right = ax.twinx()
+        right.plot(*zip(*kl, strict=True), "^--", color="tab:red", ms=3, lw=0.8, label="held-out plain KL from base")
+        right.set_ylabel("KL (nats / token)")
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
     ax.set_xlabel("tokens seen")
     ax.set_ylabel("cross-entropy (nats / token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(handles, labels, fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

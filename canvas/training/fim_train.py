@@ -5,13 +5,18 @@ identity layer and everything else stay frozen; `LowRankWeight` runs them beside
 full weight gradient) and the four FIM sentinels' embedding rows (`SentinelRows`, a small
 parameter of its own: the frozen embedding never gets a gradient; the tied head reads the rows too). The loss is
 next-token cross-entropy at the positions `canvas.training.fim` marks (a FIM piece's middle and `<end>`, a plain
-piece's text), the head run only on those positions' hidden states (gathered first).
+piece's text), the head run only on those positions' hidden states (gathered first). With `plain_anchor` = w > 0
+a plain target's loss is (1 - w) CE + w KL(base || adapted): the frozen base's next-token distribution (the same
+model with the adapters switched off and the sentinel rows unused, under no_grad, on the plain pieces only) is the
+soft target, so plain text pulls the adapters back toward the base instead of toward the corpus's style; FIM targets
+keep the hard CE (the format has no base distribution to keep).
 
 A run lives in one directory: `train_config.json`, `checkpoint.pt` (adapters, sentinel rows, optimizer, step and
 tokens, loss history; nothing else is needed to resume: rows and LoRA init are functions of the seed and step),
 written atomically with the previous one kept, and `loss.csv` / `loss.json`. Each logged evaluation reports the
-held-out FIM loss (fixed FIM-only rows of the validation split) and the held-out plain loss (fixed plain rows), and
-`plain_ppl_ratio`, exp of the plain loss's change since step 0 (the base's), which must stay within 1.02.
+held-out FIM loss (fixed FIM-only rows of the validation split) and the held-out plain loss (fixed plain rows),
+`plain_ppl_ratio`, exp of the plain loss's change since step 0 (the base's), which must stay within 1.02, and
+`valid_plain_kl`, the KL from the base on those plain rows (0 at step 0: the drift itself).
 `export_fim_adapters` writes the set `dcanvas model build` merges (`canvas.convert.adapters.apply_fim_adapters`).
 """
 
@@ -21,6 +26,8 @@ import csv
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +39,7 @@ from torch import Tensor, nn
 from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
 from canvas.model import DiffusionModel
 from canvas.training.adapt import LoRA, _owner
-from canvas.training.fim import FIM, PLAIN, SENTINELS, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
+from canvas.training.fim import FIM, NONE, PLAIN, SENTINELS, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
 from canvas.training.train import save_checkpoint
 
 # Attention (reading the suffix across the sentinels is attention's work) and the MLP's output projection (a write
@@ -41,12 +48,15 @@ from canvas.training.train import save_checkpoint
 DEFAULT_TARGETS = ("attn.qkv", "attn.o_proj", "mlp_down")
 TRAIN_STREAM, VALID_FIM_STREAM, VALID_PLAIN_STREAM = 0, 1, 2
 _LORA = "_lora"  # the adapter of matrix `m` is the submodule `m_lora` beside it
+# Plain targets' share of the loss taken as KL from the base rather than CE on the corpus (see `FimTrainConfig`).
+DEFAULT_PLAIN_ANCHOR = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class FimTrainConfig:
     base: str  # the converted model directory (`dcanvas model build`); its tokenizer tokenizes the corpus
-    tokens_dir: str = "data/tokens-fim"  # the corpus tokenized with the base's tokenizer (made on the first start)
+    # The corpus tokenized with the base's tokenizer (made on the first start); "" follows the base: `fim_tokens_dir`.
+    tokens_dir: str = ""
     corpus_dir: str = "data/corpus"
     seed: int = 0
     batch_size: int = 2  # x 512 tokens; throughput per token measured the same at 1 and 4, memory ~1.7 GB a row
@@ -65,6 +75,13 @@ class FimTrainConfig:
     eval_every: int = 200  # ~200k tokens between points of the curve
     eval_batches: int = 4
     checkpoint_minutes: float = 10.0
+    # Plain targets: (1 - w) CE + w KL(base || adapted); the gradient is CE against the mixture w base + (1 - w) data,
+    # so w bounds how far plain text can pull the model toward the corpus. The 64k run (w = 0) after 246k tokens had
+    # not drifted outside the corpus (probe NLL/char -0.8% news, -0.7% dialogue: the hard CE partly repairs the
+    # conversion's loss against Gemma 3, which a pure anchor, w = 1, would forbid) while its corpus loss fell 7%;
+    # the run now goes ~30x longer, so half of the plain signal keeps that real-text gain, half holds the base.
+    # A saved config without the key loads as 0.0 (the objective it was trained with).
+    plain_anchor: float = DEFAULT_PLAIN_ANCHOR
     data: FimDataConfig = field(default_factory=FimDataConfig)
 
     def __post_init__(self) -> None:
@@ -75,13 +92,15 @@ class FimTrainConfig:
             raise ValueError("need lr > 0, grad_clip > 0, checkpoint_minutes > 0, warmup_steps >= 0")
         if not self.targets:
             raise ValueError("targets must name at least one matrix")
+        if not 0.0 <= self.plain_anchor <= 1.0:
+            raise ValueError(f"plain_anchor must be in [0, 1], got {self.plain_anchor}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> FimTrainConfig:
-        raw = dict(raw)
+        raw = {"plain_anchor": 0.0, **raw}  # a run started before the anchor resumes with its objective
         data = FimDataConfig(**raw.pop("data", {}))
         return cls(**{**raw, "targets": tuple(raw.get("targets", DEFAULT_TARGETS))}, data=data)
 
@@ -91,6 +110,20 @@ class FimTrainConfig:
         decay_start = int(self.max_steps * (1 - self.decay_frac))
         frac = min(1.0, max(0, step - decay_start) / max(1, self.max_steps - decay_start))
         return self.lr * (1 - frac * (1 - self.min_lr_frac))
+
+
+_adapters_on = True
+
+
+@contextmanager
+def adapters_off() -> Iterator[None]:
+    """Every `LowRankWeight` computes its frozen matrix only (the base model) inside this block."""
+    global _adapters_on
+    before, _adapters_on = _adapters_on, False
+    try:
+        yield
+    finally:
+        _adapters_on = before
 
 
 class LowRankWeight(nn.Parameter):
@@ -110,7 +143,8 @@ class LowRankWeight(nn.Parameter):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         with torch._C.DisableTorchFunctionSubclass():
-            if func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], LowRankWeight):
+            low_rank = func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], LowRankWeight)
+            if low_rank and _adapters_on:
                 x, w = args
                 a, b = w.lora.lora_A, w.lora.lora_B
                 return F.linear(x, w) + F.linear(F.linear(x, a.to(x.dtype)), b.to(x.dtype)) * w.lora.scale
@@ -138,17 +172,23 @@ class SentinelRows(nn.Module):
         x = x.index_put((hit,), self.rows[self.slot[ids[hit]]].to(x.dtype))
         return x * torch.tensor(model.config.embed_scale, dtype=x.dtype)
 
-    def head_ce(self, model: DiffusionModel, h: Tensor, targets: Tensor) -> Tensor:
-        """Per-token CE of the tied head with the sentinel columns from the rows. h (N, M), targets (N,) -> (N,)."""
+    def head_logits(self, model: DiffusionModel, h: Tensor, *, sentinels: bool = True) -> Tensor:
+        """The tied head's fp32 logits, the sentinel columns from the rows (or, `sentinels=False`, the base's own
+        embedding: the frozen model). h (N, M) -> (N, V)."""
         cfg = model.config
         x = h.float()
         x = (x * torch.pow(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps, -0.5) * model.norm.float()).type_as(h)
         logits = F.linear(x, model.embed).float()  # (N, V): no gradient into the frozen embedding
-        logits = logits.index_copy(1, self.ids, F.linear(x, self.rows.to(x.dtype)).float())
+        if sentinels:
+            logits = logits.index_copy(1, self.ids, F.linear(x, self.rows.to(x.dtype)).float())
         cap = cfg.final_logit_softcapping
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        return F.cross_entropy(logits, targets, reduction="none")
+        return logits
+
+    def head_ce(self, model: DiffusionModel, h: Tensor, targets: Tensor) -> Tensor:
+        """Per-token CE of the tied head with the sentinel columns from the rows. h (N, M), targets (N,) -> (N,)."""
+        return F.cross_entropy(self.head_logits(model, h), targets, reduction="none")
 
 
 def attach_fim_adapters(model: DiffusionModel, rank: int, alpha: float, targets: tuple[str, ...],
@@ -190,19 +230,82 @@ def load_fim_tensors(model: DiffusionModel, rows: SentinelRows, tensors: dict[st
             own[name].copy_(t)
 
 
-def packed_losses(model: DiffusionModel, rows: SentinelRows, batch: Rows) -> tuple[Tensor, Tensor]:
-    """Per-target CE and each target's kind, over the positions that teach. The layer stack runs on the packed rows
-    (attention inside each piece only), the head only on the hidden states that predict a target."""
+def _packed_hidden(model: DiffusionModel, batch: Rows, x: Tensor) -> Tensor:
+    """The layer stack over embedded packed rows x (B, T, M), attention inside each piece only -> (B, T, M)."""
     cfg = model.config
     masks = {s: attention_mask(batch, cfg.sliding_window if s else None) for s in (False, True)}
 
     def within_pieces(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         return k, v, masks[model.blocks[i].attn.sliding]
 
-    x = model.run_layers(rows.embed(model, batch.ids), batch.positions, within_pieces, decoder=False)  # (B, T, M)
-    teach = batch.kind[:, 1:] != 0  # target t+1 is predicted at t (never across a piece: a piece starts with bos)
-    h = x[:, :-1][teach]  # (N, M)
-    return rows.head_ce(model, h, batch.ids[:, 1:][teach]), batch.kind[:, 1:][teach]
+    return model.run_layers(x, batch.positions, within_pieces, decoder=False)
+
+
+def _teaching(model: DiffusionModel, rows: SentinelRows, batch: Rows) -> tuple[Tensor, Tensor, Tensor]:
+    """The adapted model's hidden states at the positions that predict a target (N, M), the targets (N,), kinds (N,)."""
+    x = _packed_hidden(model, batch, rows.embed(model, batch.ids))  # (B, T, M)
+    teach = batch.kind[:, 1:] != NONE  # target t+1 is predicted at t (never across a piece: a piece starts with bos)
+    return x[:, :-1][teach], batch.ids[:, 1:][teach], batch.kind[:, 1:][teach]
+
+
+def packed_losses(model: DiffusionModel, rows: SentinelRows, batch: Rows) -> tuple[Tensor, Tensor]:
+    """Per-target CE and each target's kind, over the positions that teach. The layer stack runs on the packed rows
+    (attention inside each piece only), the head only on the hidden states that predict a target."""
+    h, targets, kind = _teaching(model, rows, batch)
+    return rows.head_ce(model, h, targets), kind
+
+
+def plain_pieces(batch: Rows) -> Rows:
+    """The batch with its FIM pieces dropped: each row's plain pieces moved to the front, in order and whole (so
+    positions, the causal order and the sliding window inside a piece are as they were), padded to the longest row.
+    The PLAIN targets come out in the same order as in `batch`."""
+    B, T = batch.ids.shape
+    seg = batch.segment.clamp(min=0)
+    has_plain = torch.zeros(B, T, dtype=torch.long, device=seg.device)
+    has_plain.scatter_add_(1, seg, (batch.kind == PLAIN).long())
+    keep = (batch.segment >= 0) & (has_plain.gather(1, seg) > 0)  # (B, T)
+    width = max(2, int(keep.sum(1).max()))
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]  # kept first, in order
+    kept = keep.gather(1, order)
+    pick = [t.gather(1, order) for t in (batch.ids, batch.positions, batch.segment, batch.kind)]
+    return Rows(pick[0], pick[1], torch.where(kept, pick[2], -1), torch.where(kept, pick[3], NONE))
+
+
+@torch.no_grad()
+def base_plain_logprobs(model: DiffusionModel, rows: SentinelRows, batch: Rows) -> Tensor:
+    """The frozen base's next-token log-probabilities at the PLAIN targets of `batch`, in their order (P, V): the
+    adapters off, the embedding's own sentinel rows, only the plain pieces run (FIM pieces cannot reach them)."""
+    plain = plain_pieces(batch)
+    with adapters_off():
+        x = _packed_hidden(model, plain, model.embed_tokens(plain.ids))  # (B, T', M)
+    h = x[:, :-1][plain.kind[:, 1:] == PLAIN]  # (P, M)
+    return F.log_softmax(rows.head_logits(model, h, sentinels=False), dim=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLoss:
+    """Per target, over the positions that teach: the loss trained on, the hard CE, and each target's kind; `kl`
+    (KL(base || adapted) at the PLAIN targets, in order) where the anchor ran."""
+
+    loss: Tensor  # (N,)
+    ce: Tensor  # (N,)
+    kind: Tensor  # (N,)
+    kl: Tensor | None  # (P,)
+
+
+def anchored_losses(model: DiffusionModel, rows: SentinelRows, batch: Rows, anchor: float) -> PackedLoss:
+    """`packed_losses` with the plain targets' loss (1 - anchor) CE + anchor KL(base || adapted); FIM targets keep
+    the CE. anchor = 0 runs no base pass (the old objective, bit for bit)."""
+    h, targets, kind = _teaching(model, rows, batch)
+    logits = rows.head_logits(model, h)  # (N, V)
+    ce = F.cross_entropy(logits, targets, reduction="none")
+    if anchor <= 0:
+        return PackedLoss(ce, ce, kind, None)
+    plain = kind == PLAIN
+    base = base_plain_logprobs(model, rows, batch)  # (P, V)
+    kl = F.kl_div(F.log_softmax(logits[plain], dim=-1), base, log_target=True, reduction="none").sum(-1)  # (P,)
+    loss = ce.masked_scatter(plain, (1 - anchor) * ce[plain] + anchor * kl)
+    return PackedLoss(loss, ce, kind, kl)
 
 
 @dataclass(slots=True)
@@ -214,11 +317,20 @@ class FimState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def fim_tokens_dir(base: str | Path, root: Path = Path("data")) -> Path:
+    """The default token cache of a base: named by its vocabulary (`data/tokens-fim-96k`), so bases of different
+    vocabularies never share one (the tokenizer hash check still refuses a same-size tokenizer that differs)."""
+    from tokenizers import Tokenizer
+
+    n = Tokenizer.from_file(str(Path(base) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    return root / (f"tokens-fim-{n // 1024}k" if n % 1024 == 0 else f"tokens-fim-{n}")
+
+
 def _ensure_tokens(cfg: FimTrainConfig) -> Path:
     """The corpus tokenized with the base's tokenizer; made on first use, refused when made with another."""
     from canvas.training.tokens import file_sha256, tokenize_corpus
 
-    out, tok = Path(cfg.tokens_dir), Path(cfg.base) / "tokenizer.json"
+    out, tok = Path(cfg.tokens_dir or fim_tokens_dir(cfg.base)), Path(cfg.base) / "tokenizer.json"
     meta = out / "meta.json"
     if not meta.exists():
         tokenize_corpus(Path(cfg.corpus_dir), Path(cfg.base), out)
@@ -316,8 +428,9 @@ class FimTrainer:
             group["lr"] = self.cfg.lr_at(step) * group["lr_scale"]
         self.model.train()
         with self.autocast():
-            ce, kind = packed_losses(self.model, self.rows, batch)
-        loss = ce.mean()
+            out = anchored_losses(self.model, self.rows, batch, self.cfg.plain_anchor)
+        ce, kind = out.ce, out.kind
+        loss = out.loss.mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -327,24 +440,29 @@ class FimTrainer:
         self.state.tokens_seen += batch.tokens
         self.state.loss_tokens += int(ce.numel())
         fim, plain = ce[kind == FIM].detach(), ce[kind == PLAIN].detach()
+        kl = out.kl.detach() if out.kl is not None else torch.empty(0)
         return {"loss": float(loss.detach()), "fim": float(fim.mean()) if fim.numel() else math.nan,
                 "plain": float(plain.mean()) if plain.numel() else math.nan, "grad_norm": grad_norm,
-                "lr": self.cfg.lr_at(step)}  # fmt: skip
+                "lr": self.cfg.lr_at(step), **({"plain_kl": float(kl.mean())} if kl.numel() else {})}  # fmt: skip
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Held-out FIM loss and plain loss, on the same validation rows every time (token-weighted means)."""
+        """Held-out FIM loss, plain loss and the plain rows' KL from the base, on the same validation rows every time
+        (token-weighted means)."""
         self.model.eval()
         out: dict[str, float] = {}
         for key, stream, rate in (("valid_fim", VALID_FIM_STREAM, 1.0), ("valid_plain", VALID_PLAIN_STREAM, 0.0)):
             data = FimDataConfig(**{**asdict(self.cfg.data), "fim_rate": rate})
-            total, count = 0.0, 0
+            total, count, kl_total = 0.0, 0, 0.0
             for i in range(self.cfg.eval_batches):
                 batch = sample_rows(self.valid_data, data, self.cfg.batch_size, self.cfg.seed, i, stream)
                 with self.autocast():
-                    ce, _ = packed_losses(self.model, self.rows, batch.to(self.device))
-                total, count = total + float(ce.sum()), count + int(ce.numel())
+                    losses = anchored_losses(self.model, self.rows, batch.to(self.device), 1.0 if rate == 0 else 0.0)
+                total, count = total + float(losses.ce.sum()), count + int(losses.ce.numel())
+                kl_total += float(losses.kl.sum()) if losses.kl is not None else 0.0
             out[key] = total / max(1, count)
+            if rate == 0:
+                out["valid_plain_kl"] = kl_total / max(1, count)
         first = next((r["valid_plain"] for r in self.state.history if "valid_plain" in r), out["valid_plain"])
         out["plain_ppl_ratio"] = math.exp(out["valid_plain"] - first)
         return out
@@ -370,7 +488,8 @@ class FimTrainer:
             window_tokens, window_time = window_tokens + self.state.tokens_seen - before, window_time + dt
             step = self.state.step
             if step % self.cfg.log_every == 0 or step == end:
-                row = {k: _nanmean([r[k] for r in window]) for k in window[0]}
+                keys = dict.fromkeys(k for r in window for k in r)  # plain_kl: only steps with plain targets
+                row = {k: _nanmean([r.get(k, math.nan) for r in window]) for k in keys}
                 row.update(step=step, tokens=self.state.tokens_seen, loss_tokens=self.state.loss_tokens,
                            wall_s=round(self.state.wall_seconds, 1))
                 row["tokens_per_s"] = window_tokens / max(window_time, 1e-9)
@@ -379,9 +498,11 @@ class FimTrainer:
                 self.state.history.append(row)
                 info = f"loss {row['loss']:.3f} (fim {row['fim']:.3f}, plain {row['plain']:.3f}) " \
                        f"{row['tokens_per_s']:.0f} tok/s lr {row['lr']:.2e}"
+                if "plain_kl" in row:
+                    info += f" kl {row['plain_kl']:.4f}"
                 if "valid_fim" in row:
                     info += f" | valid fim {row['valid_fim']:.3f} plain {row['valid_plain']:.3f} " \
-                            f"(ppl x{row['plain_ppl_ratio']:.4f})"
+                            f"(ppl x{row['plain_ppl_ratio']:.4f}, kl {row['valid_plain_kl']:.4f})"
                 console.print(f"step {step}: {info}")
                 window, window_tokens, window_time = [], 0, 0.0
             if time.perf_counter() - last_ckpt > 60 * self.cfg.checkpoint_minutes:
@@ -414,56 +535,3 @@ def export_fim_adapters(trainer: FimTrainer, out: Path) -> Path:
             "step": st.step, "tokens_seen": st.tokens_seen, "sha256": sha256_file(out / WEIGHTS)}  # fmt: skip
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     return out
-
-
-def flops_per_token(model: DiffusionModel, batch: Rows) -> dict[str, float]:
-    """Training FLOPs per packed token, by part: the layers' frozen matrices (forward and input gradient: 4 per
-    weight), the adapters (forward, input and weight gradients: 6 per weight), attention over each token's actual
-    context in `batch`, and the head at the loss positions only."""
-    cfg = model.config
-    dense = adapted = 0.0
-    for name, p in model.named_parameters():
-        if not name.startswith("layers.") or p.dim() < 2:
-            continue
-        n = float(p.numel()) * (cfg.top_k_experts / cfg.num_experts if p.dim() == 3 else 1.0)
-        if p.requires_grad:
-            adapted += n
-        else:
-            dense += n
-    real = batch.segment >= 0
-    ctx = torch.clamp(batch.positions[real].float() + 1, max=float(cfg.sliding_window)).mean().item()
-    attn = sum(4.0 * b.attn.n_heads * b.attn.head_dim * ctx for b in model.blocks)  # QK^T and PV, forward
-    loss_frac = float((batch.kind[:, 1:] != 0).sum()) / max(1, int(real.sum()))
-    parts = {"matrices": 4 * dense + 6 * adapted, "attention": 3 * attn,
-             "head": loss_frac * 4.0 * cfg.vocab_size * cfg.hidden_size}  # fmt: skip
-    return {**parts, "total": sum(parts.values())}
-
-
-def matmul_gflops(seconds: float = 2.0) -> float:
-    """The CPU's fp32 matmul rate at the current thread count, on the fine-tune's own shape ((512, 640) @ (640,
-    2048), the MLP's), best of repeated timings over about `seconds`."""
-    a, b = torch.randn(512, 640), torch.randn(640, 2048)
-    best, t_end = math.inf, time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * 512 * 640 * 2048 / best / 1e9
-
-
-def bench(trainer: FimTrainer, steps: int = 3) -> dict[str, float]:
-    """Training tokens per second over `steps` steps after one warm-up (nothing saved), the FLOPs per token, the
-    measured matmul rate, and the share of that rate the training reaches."""
-    trainer.train_step()
-    t0, tokens = time.perf_counter(), 0
-    for _ in range(steps):
-        before = trainer.state.tokens_seen
-        trainer.train_step()
-        tokens += trainer.state.tokens_seen - before
-    tps = tokens / (time.perf_counter() - t0)
-    batch = sample_rows(trainer.train_data, trainer.cfg.data, trainer.cfg.batch_size, trainer.cfg.seed, 0)
-    flops = flops_per_token(trainer.model, batch)
-    rate = matmul_gflops()
-    return {"tokens_per_s": tps, "gflop_per_token": flops["total"] / 1e9, "matmul_gflops": rate,
-            "of_matmul_rate": tps * flops["total"] / 1e9 / rate, "threads": torch.get_num_threads(),
-            **{f"gflop_{k}": v / 1e9 for k, v in flops.items() if k != "total"}}  # fmt: skip

@@ -54,9 +54,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="diffusion (the DiffusionGemma recipe) or fim (the FIM fine-tune of --base, "
                         "canvas.training.fim_train)")
     parser.add_argument("--fim-rate", dest="fim_rate", type=float, default=None, help="fim: share of FIM pieces (0.5)")
+    parser.add_argument("--plain-anchor", dest="plain_anchor", type=float, default=None,
+                        help="fim, a new run: plain targets' loss weight on KL from the base, the rest hard CE (0.5)")
     parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="fim: packed row length (512)")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (canvas-6m)")
-    parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens)")
+    parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens; fim: "
+                        "data/tokens-fim-<vocab>k, after the base's vocabulary)")
     parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None, help="tokenizer (data/tokenizer)")
     parser.add_argument("--corpus-dir", dest="corpus_dir", default=None, help="corpus with manifest (data/corpus)")
     parser.add_argument("--base", default=None, help="fine-tune this converted model (`dcanvas model build`'s "
@@ -152,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 _FIM_OVERRIDES = ("base", "tokens_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
-                  "log_every", "eval_every", "checkpoint_minutes", "lora_rank", "bf16")
+                  "log_every", "eval_every", "checkpoint_minutes", "lora_rank", "bf16", "plain_anchor")
 
 
 def resolve_fim_config(run_dir: Path, args: argparse.Namespace) -> FimTrainConfig:
@@ -163,7 +166,10 @@ def resolve_fim_config(run_dir: Path, args: argparse.Namespace) -> FimTrainConfi
     if saved.exists():
         cfg = FimTrainConfig.from_json(json.loads(saved.read_text(encoding="utf-8")))
     elif "base" in changes:
-        cfg = FimTrainConfig(base=changes["base"])
+        from canvas.training.fim_train import fim_tokens_dir
+
+        # A new run records its token cache: the one its base's vocabulary names unless --tokens-dir says otherwise.
+        cfg = FimTrainConfig(base=changes["base"], tokens_dir=str(fim_tokens_dir(changes["base"])))
     else:
         raise ValueError("a new FIM run needs --base MODEL_DIR (the converted model, `dcanvas model build`)")
     return dataclasses.replace(cfg, **changes, data=dataclasses.replace(cfg.data, **data))
@@ -184,7 +190,7 @@ def run_fim(args: argparse.Namespace, console: Any) -> int:
         return 2
     resumed = trainer.load()
     if args.bench:
-        from canvas.training.fim_train import bench
+        from canvas.training.fim_bench import bench
 
         console.print(f"FIM fine-tune step ({'bf16' if trainer.bf16 else 'fp32'}, batch {cfg.batch_size} x "
                       f"{cfg.data.seq_len}): {bench(trainer)}")

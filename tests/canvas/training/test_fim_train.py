@@ -14,8 +14,18 @@ from rich.console import Console
 from tokenizers import Tokenizer
 
 from canvas.model import DiffusionModel
-from canvas.training.fim import FimDataConfig, fim_prompt, fim_tokens
-from canvas.training.fim_train import FimTrainConfig, FimTrainer, SentinelRows, export_fim_adapters, fim_tensors
+from canvas.training.fim import FIM, PLAIN, FimDataConfig, Rows, fim_prompt, fim_tokens, sample_rows
+from canvas.training.fim_train import (
+    FimTrainConfig,
+    FimTrainer,
+    SentinelRows,
+    anchored_losses,
+    base_plain_logprobs,
+    export_fim_adapters,
+    fim_tensors,
+    packed_losses,
+    plain_pieces,
+)
 
 DATA = FimDataConfig(seq_len=64, max_middle=16, max_prefix=16, max_suffix=12, min_fim_piece=12)
 
@@ -70,8 +80,9 @@ def test_a_low_rank_weight_is_the_merged_matrix_with_the_adapters_gradients() ->
     # lora_B starts at zero: before any step the adapted model is the base exactly (checked by the build test).
 
 
-def test_resume_is_bit_for_bit(fim_base: dict[str, Path], tmp_path: Path) -> None:
-    cfg = _cfg(fim_base)
+@pytest.mark.parametrize("anchor", [0.0, 0.9])
+def test_resume_is_bit_for_bit(fim_base: dict[str, Path], tmp_path: Path, anchor: float) -> None:
+    cfg = _cfg(fim_base, plain_anchor=anchor)
     a = FimTrainer(tmp_path / "run", cfg)
     a.fit(max_minutes=None, stop_at_step=2, console=_quiet())
     b = FimTrainer(tmp_path / "run", cfg)
@@ -86,6 +97,8 @@ def test_resume_is_bit_for_bit(fim_base: dict[str, Path], tmp_path: Path) -> Non
     assert b.state.tokens_seen == c.state.tokens_seen
     rows = [r for r in c.state.history if "valid_fim" in r]
     assert [r["step"] for r in rows] == [0, 2, 4] and rows[0]["plain_ppl_ratio"] == 1.0
+    assert rows[0]["valid_plain_kl"] == pytest.approx(0.0, abs=1e-5) and rows[-1]["valid_plain_kl"] > 0  # drift
+    assert all(("plain_kl" in r) == (anchor > 0) for r in c.state.history[1:])
     ckpt = torch.load(b.checkpoint_path, weights_only=False)
     assert "embed" not in ckpt["adapters"]  # the frozen base is not checkpointed
     assert (tmp_path / "run" / "loss.csv").is_file()
@@ -196,3 +209,99 @@ def test_bf16_only_where_the_device_has_native_bf16(fim_base: dict[str, Path], m
         assert uses_bf16(cfg, torch.device("cpu")) is want, kind
     assert uses_bf16(cfg, torch.device("cuda")) is True
     assert uses_bf16(dataclasses.replace(cfg, bf16=False), torch.device("cuda")) is False
+
+
+# ---- the plain anchor: KL from the frozen base on plain targets ----------------------------------------------------
+def _batch(t: FimTrainer, fim_rate: float = 0.5, step: int = 0) -> Rows:
+    data = dataclasses.replace(t.cfg.data, fim_rate=fim_rate)
+    return sample_rows(t.train_data, data, 2, seed=1, step=step)
+
+
+def _perturb(t: FimTrainer) -> None:
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, v in fim_tensors(t.model, t.rows).items():
+            if name.endswith("lora_B"):
+                v.copy_(torch.randn(v.shape, generator=g) * 0.05)
+
+
+def test_plain_pieces_keep_the_plain_targets_whole_and_in_order(fim_base: dict[str, Path], tmp_path: Path) -> None:
+    t = FimTrainer(tmp_path / "run", _cfg(fim_base))
+    batch = _batch(t)
+    plain = plain_pieces(batch)
+    assert (batch.kind == FIM).any() and not (plain.kind == FIM).any()
+    assert plain.tokens < batch.tokens and plain.ids.shape[1] == int((plain.segment >= 0).sum(1).max())
+    for r in range(2):
+        want = batch.ids[r, 1:][batch.kind[r, 1:] == PLAIN]
+        assert torch.equal(plain.ids[r, 1:][plain.kind[r, 1:] == PLAIN], want)
+        kept = plain.segment[r] >= 0
+        assert (plain.positions[r][kept] == 0).sum() == len(set(plain.segment[r][kept].tolist()))  # whole pieces
+
+
+def test_the_anchor_is_zero_at_zero_adapters_and_only_on_plain_targets(fim_base: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    t = FimTrainer(tmp_path / "run", _cfg(fim_base, plain_anchor=0.75))
+    batch = _batch(t)
+    with torch.no_grad():
+        out = anchored_losses(t.model, t.rows, batch, 0.75)
+    plain, fim = out.kind == PLAIN, out.kind == FIM
+    assert out.kl is not None and out.kl.numel() == int(plain.sum()) and fim.any()
+    torch.testing.assert_close(out.kl, torch.zeros_like(out.kl), rtol=0, atol=1e-5)  # lora_B = 0: the base itself
+    _perturb(t)
+    with torch.no_grad():
+        out = anchored_losses(t.model, t.rows, batch, 0.75)
+        ce, _ = packed_losses(t.model, t.rows, batch)
+    assert out.kl is not None and float(out.kl.min()) >= -1e-6 and float(out.kl.mean()) > 1e-4
+    torch.testing.assert_close(out.ce, ce)
+    assert torch.equal(out.loss[fim], out.ce[fim])  # FIM middles keep the hard CE
+    torch.testing.assert_close(out.loss[plain], 0.25 * out.ce[plain] + 0.75 * out.kl)
+    old = anchored_losses(t.model, t.rows, batch, 0.0)
+    assert old.kl is None and torch.equal(old.loss, old.ce)  # anchor 0: the old objective, no base pass
+
+
+def test_the_anchor_reads_the_frozen_base_and_trains_only_the_adapters(fim_base: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    t = FimTrainer(tmp_path / "run", _cfg(fim_base))
+    _perturb(t)
+    batch = _batch(t, fim_rate=0.0)
+    base = DiffusionModel.from_pretrained(str(fim_base["base"]))
+    with torch.no_grad():
+        logits = base.encode(batch.ids[:1, : int((batch.segment[0] == 0).sum())])[0]  # row 0's first piece alone
+        assert logits is not None
+        want = torch.log_softmax(logits[0, :-1].float(), -1)
+    got = base_plain_logprobs(t.model, t.rows, batch)  # adapters perturbed, switched off for the teacher
+    assert not got.requires_grad
+    torch.testing.assert_close(got[: want.shape[0]], want, rtol=1e-4, atol=1e-4)
+    out = anchored_losses(t.model, t.rows, batch, 1.0)
+    assert out.kl is not None
+    out.kl.sum().backward()
+    with_grad = {n for n, p in t.model.named_parameters() if p.grad is not None}
+    assert with_grad == {n for n, p in t.model.named_parameters() if p.requires_grad}
+    grads = [t.model.get_parameter(n).grad for n in with_grad if n.endswith("lora_B")]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    assert base.embed.grad is None and t.model.embed.grad is None
+
+
+def test_a_run_saved_before_the_anchor_resumes_with_its_objective(fim_base: dict[str, Path]) -> None:
+    saved = json.loads((Path(__file__).resolve().parents[3] / "runs" / "fim" / "train_config.json").read_text())
+    assert "plain_anchor" not in saved
+    cfg = FimTrainConfig.from_json(saved)
+    assert cfg.plain_anchor == 0.0 and cfg.tokens_dir == "data/tokens-fim"
+    assert FimTrainConfig.from_json(cfg.to_json()) == cfg
+    assert FimTrainConfig(base="b").plain_anchor > 0  # a new run is anchored
+    with pytest.raises(ValueError, match="plain_anchor"):
+        FimTrainConfig(base="b", plain_anchor=1.5)
+
+
+def test_the_default_token_cache_follows_the_bases_vocabulary(fim_base: dict[str, Path], tmp_path: Path) -> None:
+    import argparse
+
+    from canvas.training.fim_train import fim_tokens_dir
+    from canvas.training.train_cli import resolve_fim_config
+
+    n = Tokenizer.from_file(str(fim_base["base"] / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    got = fim_tokens_dir(fim_base["base"])
+    assert got.parent == Path("data") and got.name in (f"tokens-fim-{n // 1024}k", f"tokens-fim-{n}")
+    assert got != Path("data/tokens-fim")  # never the 64k run's cache
+    args = argparse.Namespace(base=str(fim_base["base"]))
+    assert resolve_fim_config(tmp_path / "new", args).tokens_dir == str(got)  # recorded in the new run's config
