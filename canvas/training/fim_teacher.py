@@ -45,7 +45,7 @@ class GemmaTeacher:
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
 
     @classmethod
-    def load(cls, base: Path, cache: Path | None = None) -> GemmaTeacher:
+    def load(cls, base: Path, cache: Path | None = None, device: torch.device | None = None) -> GemmaTeacher:
         """The cached HF copy the build made (`<cache>/gemma3/hf`) against the base's own tokenizer."""
         from transformers import AutoTokenizer
 
@@ -57,7 +57,7 @@ class GemmaTeacher:
             raise FileNotFoundError(f"no cached Gemma 3 at {hf}: `dcanvas model build` writes it")
         model, gemma_tok = load_gemma3(hf)
         trimmed = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
-        return cls(model, trimmed_to_gemma_ids(trimmed, gemma_tok))
+        return cls(model.to(device or torch.device("cpu")), trimmed_to_gemma_ids(trimmed, gemma_tok))
 
     @torch.no_grad()
     def plain_log_probs(self, rows: Rows) -> Tensor:

@@ -56,6 +56,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fim-rate", dest="fim_rate", type=float, default=None, help="fim: share of FIM pieces (0.5)")
     parser.add_argument("--plain-anchor", dest="plain_anchor", type=float, default=None,
                         help="fim, a new run: plain targets' loss weight on KL from the base, the rest hard CE (0.5)")
+    parser.add_argument("--plain-teacher", dest="plain_teacher", choices=("gemma3", "base"), default=None,
+                        help="fim, a new run: whose distribution the anchor keeps (gemma3: the original)")
     parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="fim: packed row length (512)")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=None, help="model shape (canvas-6m)")
     parser.add_argument("--tokens-dir", dest="tokens_dir", default=None, help="token arrays (data/tokens; fim: "
@@ -155,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 _FIM_OVERRIDES = ("base", "tokens_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
-                  "log_every", "eval_every", "checkpoint_minutes", "lora_rank", "bf16", "plain_anchor")
+                  "log_every", "eval_every", "checkpoint_minutes", "lora_rank", "bf16", "plain_anchor",
+                  "plain_teacher")
 
 
 def resolve_fim_config(run_dir: Path, args: argparse.Namespace) -> FimTrainConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from canvas.training.fim_train import (
     fim_tensors,
     packed_losses,
     plain_pieces,
+    teaching_states,
 )
 
 DATA = FimDataConfig(seq_len=64, max_middle=16, max_prefix=16, max_suffix=12, min_fim_piece=12)
@@ -34,7 +36,8 @@ def _cfg(fim_base: dict[str, Path], **kw: object) -> FimTrainConfig:
     return dataclasses.replace(
         FimTrainConfig(base=str(fim_base["base"]), tokens_dir=str(fim_base["tokens"]),
                        corpus_dir=str(fim_base["corpus"]), batch_size=2, lr=1e-2, warmup_steps=1, max_steps=4,
-                       lora_rank=2, lora_alpha=4.0, log_every=1, eval_every=2, eval_batches=1, data=DATA),
+                       lora_rank=2, lora_alpha=4.0, log_every=1, eval_every=2, eval_batches=1, data=DATA,
+                       plain_teacher="base"),
         **kw,
     )  # fmt: skip
 
@@ -282,13 +285,32 @@ def test_the_anchor_reads_the_frozen_base_and_trains_only_the_adapters(fim_base:
     assert base.embed.grad is None and t.model.embed.grad is None
 
 
+def test_the_anchor_reads_the_teacher_it_is_given(fim_base: dict[str, Path], tmp_path: Path) -> None:
+    t = FimTrainer(tmp_path / "run", _cfg(fim_base))
+    _perturb(t)
+    batch = _batch(t, fim_rate=0.0)
+    base = base_plain_logprobs(t.model, t.rows, batch)
+    same = anchored_losses(t.model, t.rows, batch, 1.0, teacher=lambda b: base_plain_logprobs(t.model, t.rows, b))
+    assert same.kl is not None and torch.equal(same.kl, anchored_losses(t.model, t.rows, batch, 1.0).kl)
+    uniform = torch.full_like(base, -math.log(base.shape[1]))  # a teacher that knows nothing
+    other = anchored_losses(t.model, t.rows, batch, 1.0, teacher=lambda b: uniform)
+    assert other.kl is not None and not torch.allclose(other.kl, same.kl)
+    with torch.no_grad():  # KL(uniform || p) = -log V - mean log p, per target
+        h, _, kind = teaching_states(t.model, t.rows, batch)
+        logp = torch.log_softmax(t.rows.head_logits(t.model, h[kind == PLAIN]).float(), -1)
+    torch.testing.assert_close(other.kl, -math.log(base.shape[1]) - logp.mean(-1), rtol=1e-4, atol=1e-4)
+
+
 def test_a_run_saved_before_the_anchor_resumes_with_its_objective(fim_base: dict[str, Path]) -> None:
     saved = json.loads((Path(__file__).resolve().parents[3] / "runs" / "fim" / "train_config.json").read_text())
     assert "plain_anchor" not in saved
     cfg = FimTrainConfig.from_json(saved)
     assert cfg.plain_anchor == 0.0 and cfg.tokens_dir == "data/tokens-fim"
     assert FimTrainConfig.from_json(cfg.to_json()) == cfg
-    assert FimTrainConfig(base="b").plain_anchor > 0  # a new run is anchored
+    assert FimTrainConfig(base="b").plain_anchor > 0  # a new run is anchored, to the original Gemma 3
+    assert cfg.plain_teacher == "base" and FimTrainConfig(base="b").plain_teacher == "gemma3"
+    with pytest.raises(ValueError, match="plain_teacher"):
+        FimTrainConfig(base="b", plain_teacher="gemma4")
     with pytest.raises(ValueError, match="plain_anchor"):
         FimTrainConfig(base="b", plain_anchor=1.5)
 
