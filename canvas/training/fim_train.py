@@ -79,7 +79,7 @@ class FimTrainConfig:
     # Plain targets: (1 - w) CE + w KL(base || adapted); the gradient is CE against the mixture w base + (1 - w) data,
     # so w bounds how far plain text can pull the model toward the corpus. The 64k run (w = 0) after 246k tokens had
     # not drifted outside the corpus (probe NLL/char -0.8% news, -0.7% dialogue: the hard CE partly repairs the
-    # conversion's loss against Gemma 3, which a pure anchor, w = 1, would forbid) while its corpus loss fell 7%.)
+    # conversion's loss against Gemma 3, which a pure anchor, w = 1, would forbid) while its corpus loss fell 7%.
     # With the original Gemma 3 as the teacher (`plain_teacher`) the soft target is itself the repair, so most of
     # the plain signal (0.8) goes to it and a fifth stays real text.
     # A saved config without the key loads as 0.0 (the objective it was trained with).
