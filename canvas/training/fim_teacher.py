@@ -7,7 +7,8 @@ learn back what the conversion cost (the former global layers' rope theta; BENCH
 only supplies inputs, so its narrow style is not what they learn.
 
 Invariants: the teacher is frozen and runs under `no_grad`; its distribution is renormalised over the trimmed ids
-that exist in Gemma's vocabulary (the others, e.g. the FIM sentinels renamed from `<unusedN>`, get probability 0);
+that exist in Gemma's vocabulary (the others, e.g. the FIM sentinels renamed from `<unusedN>`, get probability 0,
+as a finite log-probability, so a KL against it stays finite);
 rows come out in the row-major order of `kind[:, 1:] == PLAIN`, the order the trainer gathers its own positions in.
 """
 
@@ -91,5 +92,5 @@ class GemmaTeacher:
         logits = F.linear(x, self.head).float()  # (N_plain, V_trim)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        logits = logits.masked_fill(self.missing, float("-inf"))
+        logits = logits.masked_fill(self.missing, -1e9)  # probability 0, yet finite: KL's 0 * log 0 stays 0, not nan
         return torch.log_softmax(logits, dim=-1)
