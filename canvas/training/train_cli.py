@@ -55,7 +55,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "canvas.training.fim_train)")
     parser.add_argument("--fim-rate", dest="fim_rate", type=float, default=None, help="fim: share of FIM pieces (0.5)")
     parser.add_argument("--plain-anchor", dest="plain_anchor", type=float, default=None,
-                        help="fim, a new run: plain targets' loss weight on KL from the teacher, the rest hard CE (0.8)")
+                        help="fim, a new run: plain targets' weight on KL from the teacher, the rest hard CE (0.8)")
     parser.add_argument("--plain-teacher", dest="plain_teacher", choices=("gemma3", "base"), default=None,
                         help="fim, a new run: whose distribution the anchor keeps (gemma3: the original)")
     parser.add_argument("--seq-len", dest="seq_len", type=int, default=None, help="fim: packed row length (512)")
