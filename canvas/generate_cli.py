@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
                                      **{k: v for k, v in given.items() if v is not None})
         if spans and args.max_new_tokens is not None:
             raise ValueError("--max-new-tokens is for a continuation; an infill fills the [[...]] spans")
+        if args.max_new_tokens is not None and args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         if spans:
             return _infill(model_dir, text, spans, config, args)
         args.mode = load_mode_defaults(model_dir).resolve(args.mode, "continuation")
@@ -117,8 +119,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     L = model.config.canvas_length
-    n_canvases = max(1, math.ceil((args.max_new_tokens or L) / L))
+    budget = args.max_new_tokens
     context = (ids["bos"], *tok.encode(args.prompt, add_special_tokens=False))
+    if budget is not None and budget <= L:
+        # One canvas of exactly `budget` free slots (the rest unused), as the HTTP API lays out a continuation: AR
+        # stops at the budget and diffusion denoises only those slots, instead of a whole canvas cut afterwards.
+        # Free slots' ids are never read (the engine replaces them with noise): any valid id does.
+        slots, pins, n_canvases = (ids["pad"],) * budget, (False,) * budget, 1
+    else:  # whole free canvases, each following the committed one; the last is cut to the budget afterwards
+        slots, pins, n_canvases = (), (), max(1, math.ceil((budget or L) / L))
     engine = Engine(model)
     live = _live(args)
 
@@ -127,12 +136,14 @@ def run(args: argparse.Namespace) -> int:
             draft = tok.decode([t for t in event.draft if t != ids["null"]], skip_special_tokens=True)
             live.update(Text(f"step {event.step}/{event.max_steps}  {draft}"))
 
-    handle = engine.submit(GenRequest(tuple(context), config=config, n_canvases=n_canvases), on_event)
+    handle = engine.submit(GenRequest(tuple(context), slots, pins, config=config, n_canvases=n_canvases), on_event)
     engine.run_until_idle()
     done = handle.wait(0)
     if live is not None:
         live.stop()
-    tokens = [t for canvas in done.canvases for t in canvas if t != ids["null"]]
+    # A budget-sized canvas uses only its first `len(slots)` slots: the rest were never generated.
+    canvases = [c[: len(slots)] if slots else c for c in done.canvases]
+    tokens = [t for canvas in canvases for t in canvas if t != ids["null"]]
     if args.max_new_tokens is not None:
         tokens = tokens[: args.max_new_tokens]
     text = tok.decode(tokens, skip_special_tokens=True)
