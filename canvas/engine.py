@@ -454,7 +454,7 @@ class Engine:
         self._first_frame(row)
         row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
                                tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
-                               time.perf_counter() - row.t0))
+                               time.perf_counter() - row.t0, None if row.ar is None else row.ar.drafts()))
 
     def _commit(self, row: _Row, encoded: bool = False) -> None:
         committed = row.argmax.tolist()
