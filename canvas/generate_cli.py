@@ -6,10 +6,10 @@ it marked `[[...]]` between the text around them (an infill, as the editor's mas
     dcanvas generate --prompt "...that a single man [[in possession of a good fortune]], must be in want of a wife."
 
 Human-readable by default, with a live view of the draft on a terminal; `--json` prints one JSON object with
-`tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s`, `model` (and `fills` for an infill: `text` is
-then the whole rewritten text), and the `mode` it ran in: the one `--mode` names, else the model's default mode for
-an infill (text after a span) or a continuation (`canvas.modes`). Without `--model`, the model is
-`canvas.model_resolve`'s choice, as for every command.
+`tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s`, `model` (and for an infill `fills`, with
+`text` then the whole rewritten text, and `written_by`: `diffusion`, `ar` or `ar-infill`), and the `mode` it ran in:
+the one `--mode` names, else the model's default mode for an infill (text after a span) or a continuation
+(`canvas.modes`). Without `--model`, the model is `canvas.model_resolve`'s choice, as for every command.
 Owns nothing but the command: the work is `canvas.engine`, and for an infill `canvas.document.Document` lays out the
 canvas and reads it back.
 """
@@ -167,6 +167,7 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
 
     from canvas.document import Document, DocumentError
     from canvas.engine import Engine, Frame
+    from canvas.modes import mode_label
     from canvas.server.backend import load_backend
 
     backend = load_backend(model_dir, max_batch=1)
@@ -212,9 +213,9 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
         print(json.dumps({"tokens": [t for r in proposal.regions for t in r.ids], "text": new_text, "fills": fills,
                           "replaced": replaced, "tokens_per_forward": round(done.tokens_per_forward, 3),
                           "steps": done.steps, "forwards": done.forwards, "wall_s": round(done.wall_s, 4),
-                          "mode": args.mode, "model": backend.name}))  # fmt: skip
+                          "mode": args.mode, "written_by": done.mode, "model": backend.name}))  # fmt: skip
     else:
         print(new_text)
-        print(f"[{backend.name}: {done.steps} steps, {done.tokens_per_forward:.2f} tokens/forward, "
-              f"{done.wall_s:.2f} s]", file=sys.stderr)
+        print(f"[{backend.name}, {mode_label(done.mode)}: {done.steps} steps, {done.tokens_per_forward:.2f} "
+              f"tokens/forward, {done.wall_s:.2f} s]", file=sys.stderr)
     return 0

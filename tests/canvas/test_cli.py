@@ -68,6 +68,8 @@ def test_generate_infill_rewrites_only_the_marked_span(tiny_dir: Path, mode: str
     assert doc["replaced"] in (["sat on"], [" sat on"], [" sat on "])
     assert doc["text"] == "The cat sat on the mat.".replace(doc["replaced"][0], doc["fills"][0])
     assert len(doc["tokens"]) <= 2 and doc["steps"] >= 1
+    # What wrote the fill: the tiny model's AR drafts are scored by the seam (K = 8 by default).
+    assert doc["written_by"] == {"diffusion": "diffusion", "ar": "ar-infill"}[mode]
 
 
 def test_generate_infill_errors(tiny_dir: Path) -> None:
