@@ -153,7 +153,10 @@ class Engine:
         with self._wake:
             if admit is not None:
                 gone = replacing if replacing is not None and replacing in self._pending else None
-                placement = Placement(self._pending.position(lane, without=gone), max(0, self._row_cap - self._active),
+                # A running row whose generation was cancelled (its client already answered: a stop sequence, a
+                # deadline) is retired at the next step, before anyone is admitted: its row counts as free now.
+                taken = self._active - sum(1 for r in list(self._rows) if r.handle.cancelled)
+                placement = Placement(self._pending.position(lane, without=gone), max(0, self._row_cap - taken),
                                       len(self._pending) - (gone is not None), self._pending.owners)
                 admit(placement)
             replaced = replacing is not None and self._pending.remove(replacing)
@@ -226,9 +229,9 @@ class Engine:
     def step(self) -> bool:
         """Admit, run one batched step, retire. Returns whether any work remains."""
         t0 = time.perf_counter()
-        self._admit()
-        for row in [r for r in self._rows if r.handle.cancelled]:
+        for row in [r for r in self._rows if r.handle.cancelled]:  # first: their rows go to whoever waits
             self._finish(row, "cancelled")
+        self._admit()
         diffusion = [r for r in self._rows if r.cfg.mode == "diffusion"]
         if diffusion:
             try:
@@ -451,7 +454,7 @@ class Engine:
         self._first_frame(row)
         row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
                                tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
-                               time.perf_counter() - row.t0))
+                               time.perf_counter() - row.t0, None if row.ar is None else row.ar.drafts()))
 
     def _commit(self, row: _Row, encoded: bool = False) -> None:
         committed = row.argmax.tolist()

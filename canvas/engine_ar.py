@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from canvas.gen_types import Drafts
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampler import SamplerConfig, truncate_logits
 
@@ -76,6 +77,8 @@ class ARWalk:
         self.seam: Tensor | None = None
         self.tokens = self.lp = self.seam0 = self.feed_next = torch.empty(0)
         self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
+        self.lead = 0  # the lane the canvas shows while the lanes grow
+        self.scored_drafts: Drafts | None = None  # the last scored gap's drafts, with the one chosen
 
     @property
     def finished(self) -> bool:
@@ -85,6 +88,13 @@ class ARWalk:
     def budget_left(self) -> int:
         """Tokens the current gap's lanes will still encode."""
         return self.end - self.start - self.n if self.drafting else 0
+
+    def drafts(self) -> Drafts | None:
+        """For frames: the drafts of the scored gap being drafted (K > 1), else those of the last scored gap."""
+        if not (self.drafting and self.scored and self.lanes > 1):
+            return self.scored_drafts
+        n = min(self.n + 1, self.end - self.start)  # tokens sampled per lane (the next is sampled as the last is fed)
+        return Drafts(self.start, self.end, tuple(map(tuple, self.tokens[:, :n].tolist())), self.lead)
 
     def _free_after(self, slot: int) -> bool:
         return bool((~self.pinned[slot : self.used]).any())
@@ -168,7 +178,7 @@ class ARWalk:
             for k, gram in enumerate(grams):
                 self.seen[k].setdefault(tuple(gram[:-1]), set()).add(gram[-1])
         self.lp[:, i] = logp.gather(1, tok[:, None])[:, 0]
-        lead = int(self.lp[:, : i + 1].sum(1).argmax())  # the leading draft is the one shown while drafts grow
+        lead = self.lead = int(self.lp[:, : i + 1].sum(1).argmax())  # the one shown while drafts grow
         self.canvas[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]
         self.argmax[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]
         self.touched = (self.start + i, self.start + i + 1)
@@ -237,6 +247,8 @@ class ARWalk:
         else:
             best = max(cands, key=lambda c: c.score)
         k, e = best.lane, best.length
+        if self.lanes > 1:
+            self.scored_drafts = Drafts(self.start, self.end, tuple(map(tuple, self.tokens.tolist())), self.lead, k, e)
         fill = self.tokens[k, :e]
         self.canvas[self.start : self.start + e] = fill
         self.argmax[self.start : self.start + e] = fill

@@ -55,6 +55,19 @@ class GenRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Drafts:
+    """An AR infill's K drafts of one gap side by side (`canvas.engine_ar`): the gap being drafted, or, once it is
+    scored, the last gap with the draft chosen. Whole state, not a delta: the newest frame's drafts stand."""
+
+    start: int  # the gap's canvas slots [start, end)
+    end: int
+    tokens: tuple[tuple[int, ...], ...]  # (K, n) each draft's tokens so far (all drafts grow together)
+    lead: int  # the draft the frame's canvas shows while they grow: the likeliest so far
+    chosen: int | None = None  # once scored: the draft written into the gap...
+    length: int = 0  # ...and how many of its tokens were kept (the rest of the gap became <null>)
+
+
+@dataclass(frozen=True, slots=True)
 class Frame:
     gen_id: int
     canvas_index: int
@@ -64,6 +77,7 @@ class Frame:
     accepted: tuple[bool, ...]  # (L,) accepted by the sampler this step
     entropy: tuple[float, ...]  # (L,) nats; 0 for pinned slots
     elapsed_s: float
+    drafts: Drafts | None = None  # AR infills with more than one draft: all of them (None otherwise)
 
 
 @dataclass(frozen=True, slots=True)

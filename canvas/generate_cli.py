@@ -6,10 +6,10 @@ it marked `[[...]]` between the text around them (an infill, as the editor's mas
     dcanvas generate --prompt "...that a single man [[in possession of a good fortune]], must be in want of a wife."
 
 Human-readable by default, with a live view of the draft on a terminal; `--json` prints one JSON object with
-`tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s`, `model` (and `fills` for an infill: `text` is
-then the whole rewritten text), and the `mode` it ran in: the one `--mode` names, else the model's default mode for
-an infill (text after a span) or a continuation (`canvas.modes`). Without `--model`, the model is
-`canvas.model_resolve`'s choice, as for every command.
+`tokens`, `text`, `tokens_per_forward`, `steps`, `forwards`, `wall_s`, `model` (and for an infill `fills`, with
+`text` then the whole rewritten text, and `written_by`: `diffusion`, `ar` or `ar-infill`), and the `mode` it ran in:
+the one `--mode` names, else the model's default mode for an infill (text after a span) or a continuation
+(`canvas.modes`). Without `--model`, the model is `canvas.model_resolve`'s choice, as for every command.
 Owns nothing but the command: the work is `canvas.engine`, and for an infill `canvas.document.Document` lays out the
 canvas and reads it back.
 """
@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
                                      **{k: v for k, v in given.items() if v is not None})
         if spans and args.max_new_tokens is not None:
             raise ValueError("--max-new-tokens is for a continuation; an infill fills the [[...]] spans")
+        if args.max_new_tokens is not None and args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
         if spans:
             return _infill(model_dir, text, spans, config, args)
         args.mode = load_mode_defaults(model_dir).resolve(args.mode, "continuation")
@@ -117,8 +119,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     L = model.config.canvas_length
-    n_canvases = max(1, math.ceil((args.max_new_tokens or L) / L))
+    budget = args.max_new_tokens
     context = (ids["bos"], *tok.encode(args.prompt, add_special_tokens=False))
+    if budget is not None and budget <= L:
+        # One canvas of exactly `budget` free slots (the rest unused), as the HTTP API lays out a continuation: AR
+        # stops at the budget and diffusion denoises only those slots, instead of a whole canvas cut afterwards.
+        # Free slots' ids are never read (the engine replaces them with noise): any valid id does.
+        slots, pins, n_canvases = (ids["pad"],) * budget, (False,) * budget, 1
+    else:  # whole free canvases, each following the committed one; the last is cut to the budget afterwards
+        slots, pins, n_canvases = (), (), max(1, math.ceil((budget or L) / L))
     engine = Engine(model)
     live = _live(args)
 
@@ -127,12 +136,14 @@ def run(args: argparse.Namespace) -> int:
             draft = tok.decode([t for t in event.draft if t != ids["null"]], skip_special_tokens=True)
             live.update(Text(f"step {event.step}/{event.max_steps}  {draft}"))
 
-    handle = engine.submit(GenRequest(tuple(context), config=config, n_canvases=n_canvases), on_event)
+    handle = engine.submit(GenRequest(tuple(context), slots, pins, config=config, n_canvases=n_canvases), on_event)
     engine.run_until_idle()
     done = handle.wait(0)
     if live is not None:
         live.stop()
-    tokens = [t for canvas in done.canvases for t in canvas if t != ids["null"]]
+    # A budget-sized canvas uses only its first `len(slots)` slots: the rest were never generated.
+    canvases = [c[: len(slots)] if slots else c for c in done.canvases]
+    tokens = [t for canvas in canvases for t in canvas if t != ids["null"]]
     if args.max_new_tokens is not None:
         tokens = tokens[: args.max_new_tokens]
     text = tok.decode(tokens, skip_special_tokens=True)
@@ -156,6 +167,7 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
 
     from canvas.document import Document, DocumentError
     from canvas.engine import Engine, Frame
+    from canvas.modes import mode_label
     from canvas.server.backend import load_backend
 
     backend = load_backend(model_dir, max_batch=1)
@@ -201,9 +213,9 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
         print(json.dumps({"tokens": [t for r in proposal.regions for t in r.ids], "text": new_text, "fills": fills,
                           "replaced": replaced, "tokens_per_forward": round(done.tokens_per_forward, 3),
                           "steps": done.steps, "forwards": done.forwards, "wall_s": round(done.wall_s, 4),
-                          "mode": args.mode, "model": backend.name}))  # fmt: skip
+                          "mode": args.mode, "written_by": done.mode, "model": backend.name}))  # fmt: skip
     else:
         print(new_text)
-        print(f"[{backend.name}: {done.steps} steps, {done.tokens_per_forward:.2f} tokens/forward, "
-              f"{done.wall_s:.2f} s]", file=sys.stderr)
+        print(f"[{backend.name}, {mode_label(done.mode)}: {done.steps} steps, {done.tokens_per_forward:.2f} "
+              f"tokens/forward, {done.wall_s:.2f} s]", file=sys.stderr)
     return 0

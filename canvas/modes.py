@@ -9,6 +9,11 @@ The defaults live in the model directory's `canvas.sampler.EXTRA_FILE`, beside t
 has no key for, as `default_mode_infill` and `default_mode_continuation`; `dcanvas eval --write-defaults` writes
 them from measured quality (`canvas.training.eval_choice`). A directory without them keeps diffusion for both, as
 before they existed.
+
+Also owns `Mode` (the generation modes; `canvas.sampler` re-exports it) and `LABELS` / `mode_label`, the one table of
+how a mode, or what wrote a text (`canvas.gen_types.Writer`), is named to a user: the TUI's status line and
+settings, the web page (through `welcome.model.labels`) and `dcanvas generate`. This module imports nothing that
+needs torch, so the TUI, a pure client, can read the labels.
 """
 
 from __future__ import annotations
@@ -19,13 +24,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from canvas.sampler import EXTRA_FILE, Mode
-
+Mode = Literal["diffusion", "ar"]
 Kind = Literal["infill", "continuation"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 MODES: tuple[Mode, ...] = get_args(Mode)
 # The keys of EXTRA_FILE, per kind.
 MODE_KEYS: dict[Kind, str] = {"infill": "default_mode_infill", "continuation": "default_mode_continuation"}
+
+# What a user reads for a mode setting, the mode a request runs in, or what wrote a text (`Writer`, `stats.mode`).
+# "diffusion" says what it is on the converted models: their decoder has had no denoising training.
+LABELS: dict[str, str] = {
+    "default": "model default",  # no mode named: the model's default for the request's kind
+    "diffusion": "diffusion (untrained decoder)",
+    "ar": "AR (left to right)",
+    "ar-infill": "AR infill (K drafts, seam-scored)",
+}
+
+
+def mode_label(mode: str | None, kind: Kind | None = None) -> str:
+    """The label of a mode setting (None: the model's default), of a `Writer` ("ar-infill" included), or, with the
+    request's `kind`, of the mode it runs in: AR on an infill drafts K candidates and keeps the one whose seam reads
+    best (a model whose settings turn the drafts off fills left to right: its `Done.mode` then says "ar")."""
+    if mode is None:
+        return LABELS["default"]
+    if mode == "ar" and kind == "infill":
+        mode = "ar-infill"
+    return LABELS.get(mode, mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +89,8 @@ def load_mode_defaults(model_dir: str | Path) -> ModeDefaults:
     """A model directory's default modes from its EXTRA_FILE (diffusion for whatever it leaves out).
 
     Raises ValueError naming the file when it is unreadable JSON or names a mode that does not exist."""
+    from canvas.sampler import EXTRA_FILE
+
     path = Path(model_dir) / EXTRA_FILE
     if not path.is_file():
         return ModeDefaults()
@@ -79,6 +105,8 @@ def load_mode_defaults(model_dir: str | Path) -> ModeDefaults:
 
 def write_extra(model_dir: str | Path, values: dict[str, Any]) -> Path:
     """Merge `values` into the model directory's EXTRA_FILE (its other keys are kept)."""
+    from canvas.sampler import EXTRA_FILE
+
     path = Path(model_dir) / EXTRA_FILE
     raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     if not isinstance(raw, dict):

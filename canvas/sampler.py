@@ -29,14 +29,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+# Re-exported (`from canvas.sampler import Mode` predates it): the modes are defined beside their defaults and labels.
+from canvas.modes import Mode as Mode
 from kernels.sampler_step import sampler_step
-
-Mode = Literal["diffusion", "ar"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from canvas.modes import mode_label as mode_label
 from canvas.protocol import GenParams, describe_error
 
 CONFIG_NAME = "tui.json"
@@ -96,13 +97,14 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     return p
 
 
-MODE_LABELS: dict[str | None, str] = {
-    None: "model default",
-    "diffusion": "diffusion (untrained decoder)",
-    "ar": "AR (left to right)",
-}
+# The mode setting's choices, in the settings form's order. Their labels, and those of what a run wrote, are
+# `canvas.modes.mode_label`'s (re-exported here): one table for the editor, the web page and the CLI.
+MODE_CHOICES: tuple[str | None, ...] = (None, "diffusion", "ar")
 
 
-def mode_label(mode: str | None) -> str:
-    """How the editor names a mode setting (the status bar, the settings form)."""
-    return MODE_LABELS.get(mode, str(mode))
+def setting_label(mode: str | None) -> str:
+    """How the settings form names a mode setting: AR covers both of what it runs (left to right for a
+    continuation, K drafts scored by the seam for an infill)."""
+    if mode == "ar":
+        return f"{mode_label('ar')}; infills: {mode_label('ar', 'infill')}"
+    return mode_label(mode)

@@ -76,6 +76,7 @@ class App {
     const m = welcome.model;
     $("model-info").textContent = `${m.name} · canvas ${m.canvas_length} tokens · ${welcome.server.name} ${welcome.server.version}`;
     $("gap-tokens").max = String(welcome.limits.max_gap_tokens);
+    this.gen.setLabels(m.labels);
     this.gen.setModes(m.modes, m.default_modes);
     this.gen.setDefaults(m.defaults);
     this.refreshList();

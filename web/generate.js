@@ -23,10 +23,12 @@ export class Generator {
     this.byGen = new Map(); // gen id -> {view, resolve}
     this.running = false;
     this.cancelRequested = false;
+    this.labels = {}; // `welcome.model.labels`: how the server names modes and what wrote a text
     const handlers = {
       onAccept: (view, hunks) => this.accept(view, hunks),
       onReject: (view) => this.reject(view),
       onRegenerate: () => this.regenerate(),
+      label: (mode) => this.labels[mode] || mode,
     };
     this.views = [
       new RunView($("run-a"), { key: "run-a", title: TITLES[MODE.DIFFUSION], ...handlers }),
@@ -39,6 +41,11 @@ export class Generator {
     });
     $("cancel-btn").addEventListener("click", () => this.cancel());
     $("compare").addEventListener("change", () => this.refreshControls(this.app.doc !== null));
+  }
+
+  /** The server's labels for modes and writers (`welcome.model.labels`; none from servers that predate them). */
+  setLabels(labels) {
+    this.labels = { ...(labels || {}) };
   }
 
   /**

@@ -1,6 +1,7 @@
 /**
  * One generation on screen: its token grid, live statistics (step, tokens per forward, tok/s), a replay slider,
- * and the proposal as a diff with Accept / Reject / Regenerate.
+ * an AR infill's K drafts side by side as they grow (then the one chosen, and what was kept of it), and the
+ * proposal as a diff with Accept / Reject / Regenerate, with what wrote it.
  *
  * A RunView outlives its generations: `begin` resets it for a new one. It never talks to the server itself; the
  * buttons call the handlers the page passes in. Live "tokens per forward" and "tok/s" count settled slots so far
@@ -38,11 +39,13 @@ export function hunks(diff) {
 export class RunView {
   /**
    * @param {HTMLElement} root an empty element to fill
-   * @param {{key: string, title: string, onAccept: Function, onReject: Function, onRegenerate: Function}} opts
+   * @param {{key: string, title: string, onAccept: Function, onReject: Function, onRegenerate: Function,
+   *          label: Function}} opts `label(mode)` names a mode or what wrote a text (`welcome.model.labels`)
    */
-  constructor(root, { key, title, onAccept, onReject, onRegenerate }) {
+  constructor(root, { key, title, onAccept, onReject, onRegenerate, label }) {
     this.root = root;
     this.key = key;
+    this.label = label || ((mode) => mode);
     this.handlers = { onAccept, onReject, onRegenerate };
     this.gen = null;
     this.params = null;
@@ -63,6 +66,7 @@ export class RunView {
       ["tpf", "Tokens / forward"],
       ["toks", "tok/s"],
       ["elapsed", "Elapsed"],
+      ["writer", "Written by"],
     ]) {
       const dd = el("dd", { "data-stat": name, text: "–" });
       this.stats[name] = dd;
@@ -90,6 +94,18 @@ export class RunView {
       this.playBtn,
     );
 
+    // An AR infill's drafts: one row each, growing together; the likeliest is marked while they grow, the chosen
+    // one when the gap is scored (its kept text, and the cut tail struck through).
+    this.draftsList = el("ol", { class: "draft-rows" });
+    this.draftsNote = el("p", { class: "muted drafts-note", text: "" });
+    this.draftsEl = el(
+      "section",
+      { class: "drafts", "aria-label": "AR drafts side by side", hidden: true },
+      el("h4", { text: "Drafts" }),
+      this.draftsNote,
+      this.draftsList,
+    );
+
     this.diffEl = el("div", { class: "diff", "aria-label": "proposal diff", "aria-live": "polite" });
     this.acceptBtn = el("button", { type: "button", class: "accept primary", text: "Accept", disabled: true });
     this.rejectBtn = el("button", { type: "button", class: "reject", text: "Reject", disabled: true });
@@ -102,7 +118,7 @@ export class RunView {
 
     root.classList.add("run");
     root.setAttribute("aria-labelledby", id("title"));
-    root.replaceChildren(this.heading, this.statusLine, dl, this.gridEl, replay, proposal);
+    root.replaceChildren(this.heading, this.statusLine, dl, this.gridEl, this.draftsEl, replay, proposal);
   }
 
   setTitle(title) {
@@ -130,6 +146,9 @@ export class RunView {
     this.replayLabel.textContent = "";
     this.playBtn.disabled = true;
     this.diffEl.replaceChildren();
+    this.draftsEl.hidden = true;
+    this.draftsList.replaceChildren();
+    this.draftsNote.textContent = "";
     this._buttons(false);
     this.setStatus(`${accepted.params.mode}: running (seed ${accepted.params.seed})`);
   }
@@ -148,6 +167,7 @@ export class RunView {
     this.stats.elapsed.textContent = `${msg.elapsed_s.toFixed(2)} s`;
     this.slider.max = String(this.grid.history.length - 1);
     this.slider.value = this.slider.max;
+    if (msg.drafts) this._showDrafts(msg.drafts);
     return inOrder;
   }
 
@@ -160,7 +180,7 @@ export class RunView {
     this.stats.tpf.textContent = s.tokens_per_forward.toFixed(3);
     this.stats.toks.textContent = s.tok_s.toFixed(1);
     this.stats.elapsed.textContent = `${s.wall_s.toFixed(2)} s`;
-    if (s.mode) this.stats.step.title = `written by ${s.mode}`;  // diffusion, ar or ar-infill
+    if (s.mode) this.stats.writer.textContent = this.label(s.mode); // diffusion, ar or ar-infill, named
     this.root.dataset.state = msg.status;
     const n = this.grid.history.length;
     if (n > 0) {
@@ -223,6 +243,33 @@ export class RunView {
 
   _mode() {
     return this.params ? this.params.mode : "generation";
+  }
+
+  /** Show `gen.progress.drafts`: whole state, so the rows are redrawn from it. */
+  _showDrafts(d) {
+    this.draftsEl.hidden = false;
+    const chosen = d.chosen === null || d.chosen === undefined ? null : d.chosen;
+    this.draftsEl.dataset.state = chosen === null ? "growing" : "chosen";
+    this.draftsNote.textContent =
+      chosen === null
+        ? `${d.texts.length} drafts, ${d.tokens} tokens each so far; ★ marks the likeliest`
+        : `draft ${chosen + 1} of ${d.texts.length} joins the text after the gap best: ${d.kept.length} of its ` +
+          `${d.texts[chosen].length} characters were kept`;
+    const rows = d.texts.map((text, k) => {
+      const li = el("li", { "data-draft": String(k) });
+      li.classList.toggle("lead", chosen === null && k === d.lead);
+      li.classList.toggle("chosen", k === chosen);
+      li.classList.toggle("dropped", chosen !== null && k !== chosen);
+      if (k === chosen && d.kept !== null && text.startsWith(d.kept)) {
+        li.append(el("mark", { text: visible(d.kept, { spaces: false }) }));
+        const cut = text.slice(d.kept.length);
+        if (cut) li.append(el("s", { text: visible(cut, { spaces: false }), title: "cut: after the chosen ending" }));
+      } else {
+        li.append(el("span", { text: visible(text, { spaces: false }) || "…" }));
+      }
+      return li;
+    });
+    this.draftsList.replaceChildren(...rows);
   }
 
   _buttons(on) {

@@ -286,6 +286,10 @@ class ModelInfo(_Model):
     modes: list[Mode]
     # A server that predates default modes sends none: it ran diffusion when a request named no mode.
     default_modes: DefaultModes = Field(default_factory=DefaultModes)
+    # How to name a mode or what wrote a text (`gen.done.stats.mode`) to a user: "default" (no mode named),
+    # "diffusion", "ar", "ar-infill" -> label (`canvas.modes.LABELS`). Empty from servers that predate it.
+    labels: dict[Annotated[str, Field(max_length=32)], Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=dict, max_length=32)
     # A server that predates model defaults sends none: it used the reference defaults.
     defaults: GenDefaults = Field(
         default_factory=lambda: GenDefaults(max_steps=48, entropy_bound=0.1, t_max=0.8, t_min=0.4)
@@ -373,10 +377,25 @@ class SlotUpdate(_Model):
     accepted: bool
 
 
+class GenDrafts(_Model):
+    """An AR infill's K drafts of one gap, side by side: the gap being drafted (all drafts grow a token per step),
+    or, once scored, the last gap with the draft `chosen` and the `kept` text written from it (the rest of the gap
+    became null). Whole state, not a delta: a frame's drafts replace the previous ones. Sent only in AR infills with
+    more than one draft, and only by servers that have it (older ones never send the field)."""
+
+    start: Annotated[int, Field(ge=0)]  # the gap's slots [start, end) in the canvas window
+    end: Annotated[int, Field(ge=0)]
+    texts: list[str]  # each draft's text so far, its tokens' texts joined (as `SlotUpdate.text` shows them)
+    tokens: Annotated[int, Field(ge=0)]  # tokens per draft so far
+    lead: Annotated[int, Field(ge=0)]  # the draft the slots show while they grow: the likeliest so far
+    chosen: Annotated[int, Field(ge=0)] | None = None
+    kept: str | None = None  # with `chosen`: the text written into the gap, a prefix of texts[chosen]
+
+
 class GenProgress(_Reply):
     """Changed slots since the previous frame of this generation. Frames are coalesced latest-wins: `merged` engine
     frames went into this one. `seq` counts frames sent for the generation (1, 2, ...); a gap means a frame was lost
-    and the client must resynchronise (`doc.open`)."""
+    and the client must resynchronise (`doc.open`). `drafts`: see `GenDrafts` (absent when there are none)."""
 
     type: Literal["gen.progress"] = "gen.progress"
     gen: GenId
@@ -388,6 +407,7 @@ class GenProgress(_Reply):
     free: Annotated[int, Field(ge=0)] = 0  # slots being generated
     merged: Annotated[int, Field(ge=1)] = 1
     elapsed_s: Annotated[float, Field(ge=0)] = 0.0
+    drafts: GenDrafts | None = None
 
 
 class DiffSegment(_Model):

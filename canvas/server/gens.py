@@ -34,6 +34,7 @@ from canvas.protocol import (
     GenCancel,
     GenDefaults,
     GenDone,
+    GenDrafts,
     GenParams,
     GenStart,
     GenStats,
@@ -262,7 +263,21 @@ class Generations:
             accepted=accepted,
             free=run.n_free,
             elapsed_s=frame.elapsed_s,
+            drafts=self._drafts(run, frame),
         )
+
+    def _drafts(self, run: Run, frame: Frame) -> GenDrafts | None:
+        """The frame's AR drafts as texts, or None when it has none (or they lie outside the slots in use)."""
+        d = frame.drafts
+        if d is None or d.end > len(run.pinned):
+            return None
+        text = self.hub.backend.token_text
+        texts = ["".join(text(t) for t in lane) for lane in d.tokens]
+        kept = None
+        if d.chosen is not None:
+            kept = "".join(text(t) for t in d.tokens[d.chosen][: d.length])
+        return GenDrafts(start=d.start, end=d.end, texts=texts, tokens=len(d.tokens[0]) if d.tokens else 0,
+                         lead=d.lead, chosen=d.chosen, kept=kept)
 
     async def _finish(self, run: Run, done: Done) -> None:
         live = run.live

@@ -31,6 +31,7 @@ from typing import Any
 
 from canvas import __version__
 from canvas.document import Document, InsertGap, Mask, MoveWindow, Op, Pin, Replace, Unmask, Unpin
+from canvas.modes import LABELS
 from canvas.protocol import (
     PROTOCOL,
     Ack,
@@ -325,6 +326,7 @@ class Hub:
                 name=b.name, canvas_length=b.canvas_length, modes=list(b.modes),  # type: ignore[arg-type]
                 defaults=GenDefaults(**{k: getattr(d, k) for k in GenDefaults.model_fields}),
                 default_modes=DefaultModes(infill=b.mode_defaults.infill, continuation=b.mode_defaults.continuation),
+                labels=dict(LABELS),
             ),
             limits=self.limits.to_wire(),
         )

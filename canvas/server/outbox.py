@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from canvas.protocol import GenDone, GenProgress, ServerReply, SlotUpdate, dump
+from canvas.protocol import GenDone, GenDrafts, GenProgress, ServerReply, SlotUpdate, dump
 
 
 class SlowConsumer(Exception):
@@ -36,6 +36,7 @@ class _Progress:
     elapsed_s: float
     slots: dict[int, SlotUpdate] = field(default_factory=dict)
     merged: int = 1
+    drafts: GenDrafts | None = None
 
 
 _STOP = object()
@@ -82,8 +83,10 @@ class Outbox:
         accepted: int,
         free: int,
         elapsed_s: float,
+        drafts: GenDrafts | None = None,
     ) -> None:
-        """Queue (or merge into the queued) progress of generation `gen`."""
+        """Queue (or merge into the queued) progress of generation `gen`. `drafts` is whole state: the newest given
+        stands (a frame without drafts keeps the queued frame's)."""
         if self._closed:
             return
         waiting = self._pending.get(gen)
@@ -95,6 +98,8 @@ class Outbox:
         waiting.step, waiting.max_steps, waiting.accepted, waiting.free = step, max_steps, accepted, free
         waiting.elapsed_s = elapsed_s
         waiting.merged += 1
+        if drafts is not None:
+            waiting.drafts = drafts
         for s in slots:
             waiting.slots[s.i] = s
 
@@ -137,6 +142,7 @@ class Outbox:
             free=p.free,
             merged=p.merged,
             elapsed_s=round(p.elapsed_s, 4),
+            drafts=p.drafts,
         )
         self._last_progress = self._clock()
         await self._send(dump(msg))

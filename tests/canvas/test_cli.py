@@ -68,6 +68,8 @@ def test_generate_infill_rewrites_only_the_marked_span(tiny_dir: Path, mode: str
     assert doc["replaced"] in (["sat on"], [" sat on"], [" sat on "])
     assert doc["text"] == "The cat sat on the mat.".replace(doc["replaced"][0], doc["fills"][0])
     assert len(doc["tokens"]) <= 2 and doc["steps"] >= 1
+    # What wrote the fill: the tiny model's AR drafts are scored by the seam (K = 8 by default).
+    assert doc["written_by"] == {"diffusion": "diffusion", "ar": "ar-infill"}[mode]
 
 
 def test_generate_infill_errors(tiny_dir: Path) -> None:
@@ -108,3 +110,18 @@ def test_bench_model_gpu_path_runs_on_cpu() -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["device"] in ("cpu", "cuda") and doc["ours"]["step_ms_extrapolated"] > 0
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_generate_stops_at_a_budget_shorter_than_a_canvas(tiny_dir: Path, mode: str) -> None:
+    """A budget under one canvas generates only that many slots: AR runs a step per budgeted token, not one per slot
+    of the canvas (16 here), and diffusion denoises only those slots."""
+    out = dcanvas("generate", "--model", str(tiny_dir), "--prompt", "The cat sat", "--mode", mode,
+                  "--max-steps", "2", "--max-new-tokens", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert 0 < len(doc["tokens"]) <= 3
+    if mode == "ar":
+        assert doc["forwards"] <= 3 and doc["steps"] <= 4, doc  # a whole canvas would take 16
+    else:
+        assert doc["tokens_per_forward"] <= 3 / doc["forwards"] + 1e-6, doc  # only 3 slots were generated

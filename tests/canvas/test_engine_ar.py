@@ -278,6 +278,32 @@ def test_frames_show_the_leading_draft_growing_then_the_choice(model: DiffusionM
     assert frames[-1].draft == done.canvases[0] and sum(frames[-1].accepted) == gap
 
 
+def test_frames_carry_every_draft_side_by_side_then_the_one_chosen(model: DiffusionModel) -> None:
+    """An infill's K drafts travel in its frames as they grow (one token each per frame); the canvas shows the lead;
+    the last frame names the draft chosen and how much of it was kept, which is what the canvas holds."""
+    gap, K = 6, 3
+    req = infill((5, 9), 2, gap, 3, ar_drafts=K, ar_seam_tokens=2, ar_temperature=0.8, seed=2)
+    (done,), (frames,) = run(Engine(model), [req])
+    growing = frames[:-1]
+    for n, f in enumerate(growing, start=2):  # the first token is sampled from the context, before any frame
+        d = f.drafts
+        assert d is not None and (d.start, d.end, d.chosen) == (2, 2 + gap, None)
+        assert len(d.tokens) == K and all(len(t) == n for t in d.tokens)
+        assert f.draft[2 : 2 + n] == d.tokens[d.lead]
+    for before, after in zip(growing, growing[1:], strict=False):  # drafts only grow: earlier tokens stay
+        assert before.drafts is not None and after.drafts is not None
+        assert all(a[: len(b)] == b for a, b in zip(after.drafts.tokens, before.drafts.tokens, strict=True))
+    last = frames[-1].drafts
+    assert last is not None and last.chosen is not None and 1 <= last.length <= gap
+    assert all(len(t) == gap for t in last.tokens)
+    kept = done.canvases[0][2 : 2 + gap]
+    assert kept[: last.length] == last.tokens[last.chosen][: last.length]
+    assert all(t == NULL for t in kept[last.length :])
+    # A plain fill (one lane) and a continuation carry no drafts.
+    (_,), (plain,) = run(Engine(model), [infill((5, 9), 2, 4, 3, **PLAIN)])
+    assert all(f.drafts is None for f in plain)
+
+
 def test_settings_are_checked_and_persisted(tmp_path) -> None:  # noqa: ANN001
     for bad in ({"ar_drafts": 0}, {"ar_drafts": 2.5}, {"ar_seam_tokens": -1}, {"ar_min_fill": 1.5},
                 {"ar_endings": 0}, {"ar_draft_weight": -1.0}, {"ar_select_temperature": -0.1}, {"ar_no_repeat": 1}):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from starlette.testclient import TestClient
@@ -174,3 +175,23 @@ def test_a_model_without_defaults_keeps_diffusion(model_dir: Path, tmp_path: Pat
     b = dataclasses.replace(load_backend(bare, max_batch=1))
     assert b.mode_for(None, (True, False, True)) == "diffusion" == b.mode_for(None, (False,))
     assert b.mode_for("ar", (False,)) == "ar"
+
+
+def test_labels_name_what_runs_and_what_wrote_it() -> None:
+    """One table: a mode setting, the mode a request runs in (AR on an infill drafts and scores by the seam), and
+    every `Writer` a Done can name."""
+    from canvas.gen_types import Writer
+    from canvas.modes import LABELS, mode_label
+
+    assert mode_label(None) == LABELS["default"] == "model default"
+    assert mode_label("ar", "infill") == mode_label("ar-infill") == "AR infill (K drafts, seam-scored)"
+    assert mode_label("ar", "continuation") == mode_label("ar") == "AR (left to right)"
+    assert mode_label("diffusion", "infill") == "diffusion (untrained decoder)"
+    assert all(w in LABELS for w in get_args(Writer))
+
+
+def test_the_modes_module_needs_no_torch() -> None:
+    """The TUI is a client that never imports torch; it reads its labels from canvas.modes."""
+    code = "import sys, canvas.modes, tui.settings; assert 'torch' not in sys.modules, 'torch was imported'"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

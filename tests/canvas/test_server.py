@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from canvas.modes import LABELS
 from canvas.protocol import ServerLimits
 from canvas.sampler import SamplerConfig
 from canvas.server.app import create_app
@@ -63,7 +64,8 @@ def test_hello_welcome_and_handshake_rules(serve: Factory, backend: Backend) -> 
         defaults = {"max_steps": 48, "entropy_bound": 0.1, "t_max": 0.8, "t_min": 0.4}
         assert welcome["model"] == {"name": backend.name, "canvas_length": 32, "modes": ["diffusion", "ar"],
                                     "defaults": defaults,
-                                    "default_modes": {"infill": "diffusion", "continuation": "diffusion"}}  # fmt: skip
+                                    "default_modes": {"infill": "diffusion", "continuation": "diffusion"},
+                                    "labels": LABELS}  # fmt: skip
         assert welcome["limits"] == dataclasses.asdict(ServerLimits())
         assert c.rpc({"type": "hello", "protocol": "dcanvas/1"})["code"] == "conflict"
         assert c.rpc({"type": "ping"})["type"] == "pong"

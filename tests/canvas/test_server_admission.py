@@ -209,3 +209,39 @@ def test_http_maps_busy_to_429_with_retry_after(serve: Factory) -> None:
     r = client.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 2})
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
     assert client.get("/health").json()["http_generations"]["running"] == 0
+
+
+def test_a_request_right_after_one_cut_early_is_not_refused(serve: Factory, gate: threading.Event,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A response cut before its engine generation ended (here a stop sequence in the first of three canvases) is
+    answered while its row is still in the engine, which retires it at its next step. A request sent right after
+    that answer must count that row as free, even with no room to queue (max_queue 0, one row): no 429."""
+    client = serve(admission=AdmissionConfig(max_queue=0, first_frame_slo=None))
+    gate.set()  # this test holds the engine its own way
+    engine = engine_of(client)
+    body = {"prompt": "The cat", "max_tokens": 3 * engine.L, "seed": 7, "temperature": 0, "dcanvas": {"max_steps": 2}}
+    first = client.post("/v1/completions", json=body)
+    assert first.status_code == 200, first.text
+    text = first.json()["choices"][0]["text"]
+    assert len(text) >= 2, text  # the seed is chosen so that the first canvas holds text to stop at
+    stop = text[:2]  # found in the first canvas: the response ends there, two canvases early
+
+    answered = threading.Event()
+    step = engine._diffusion_step
+
+    def held(rows: Any) -> None:
+        step(rows)
+        # After the second canvas's first step: its frame tells the server the first canvas is committed, and the
+        # engine waits here, before the next step would notice the cancellation and retire the row.
+        if any(r.canvases and r.step_in_canvas == 1 for r in rows):
+            answered.wait(30)
+
+    monkeypatch.setattr(engine, "_diffusion_step", held)
+    try:
+        cut = client.post("/v1/completions", json={**body, "stop": [stop]})
+        assert cut.status_code == 200 and cut.json()["choices"][0]["finish_reason"] == "stop", cut.text
+        assert engine.load().active == 1  # its row is still held in the engine
+        again = client.post("/v1/completions", json={**body, "max_tokens": 2})
+    finally:
+        answered.set()
+    assert again.status_code == 200, again.text

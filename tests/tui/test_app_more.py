@@ -20,6 +20,7 @@ from tui.screens.prompt import PromptScreen
 from tui.screens.settings import SettingsScreen
 from tui.settings import mode_label
 from tui.widgets.canvas_view import MAX_FPS
+from tui.widgets.status_bar import StatusBar
 
 pytestmark = pytest.mark.timeout(120)
 TEXT = "The cat sat on the mat. It was a warm day.\n"
@@ -37,9 +38,11 @@ async def test_gap_prompt_then_ar_generation(tmp_path: Path, server_url: str) ->
         state = screen.sync.state
         assert state is not None
         assert [(s.start, s.slots) for s in state.spans if s.kind == "free"] == [(7, 3)]
-        await pilot.press("ctrl+g")  # the gap is free: no new gap, AR mode fills it left to right
+        await pilot.press("ctrl+g")  # the gap is free: no new gap; AR mode drafts it, scored by the text after it
         await wait_until(pilot, lambda: screen.phase == "proposal", "the proposal")
-        assert screen.run_info.mode == mode_label("ar")
+        # The status line names what wrote the proposal (gen.done's stats.mode), not just "AR".
+        assert screen.run_info.mode == mode_label("ar-infill") == "AR infill (K drafts, seam-scored)"
+        assert "AR infill (K drafts, seam-scored)" in str(screen.query_one(StatusBar).render())
         assert screen.live is not None and screen.live.frames >= 1
         await pilot.press("escape")
         await wait_until(pilot, lambda: screen.phase == "idle", "reject")

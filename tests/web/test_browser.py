@@ -383,3 +383,66 @@ def test_a_deleted_document_leaves_the_page(page: Any, web_server: ServeProcess)
 
     assert not {doc_id, other} & set(run_async(listing))
     expect(page.locator(f"#doc-select option[value='{other}']")).to_have_count(0)
+
+
+def test_ar_infill_drafts_grow_side_by_side_then_the_chosen_one_is_marked(page: Any, web_server: ServeProcess) -> None:
+    """AR mode on a masked span drafts K candidates together: the page shows every draft as a row while they grow
+    (the likeliest starred), then marks the one chosen by the seam and what was kept of it, and names what wrote
+    the proposal (the server's label for ar-infill)."""
+    from playwright.sync_api import expect
+
+    frames = record_frames(page)
+    open_page(page, web_server)
+    create_doc(page, TEXT)
+    drag_select(page, 4, 40)
+    page.click("button[data-op=mask]")
+    expect(page.locator("#doc-view .free")).to_have_count(1)
+    page.select_option("#param-mode", "ar")
+    page.fill("#param-seed", "5")
+    page.evaluate(
+        """() => {
+            window.__drafts = [];
+            const section = document.querySelector("#run-a .drafts");
+            const record = () => window.__drafts.push({
+                hidden: section.hidden, state: section.dataset.state || "",
+                rows: Array.from(section.querySelectorAll("li"), (li) => li.textContent),
+                lead: section.querySelectorAll("li.lead").length, chosen: section.querySelectorAll("li.chosen").length,
+            });
+            new MutationObserver(record).observe(section, {subtree: true, childList: true, characterData: true,
+                                                           attributes: true});
+        }"""
+    )
+    page.click("#generate-btn")
+    expect(page.locator("#run-a")).to_have_attribute("data-state", "completed", timeout=GEN_TIMEOUT_MS)
+
+    with_drafts = [f["drafts"] for f in frames if f["type"] == "gen.progress" and f.get("drafts")]
+    assert len(with_drafts) >= 2, "no frame carried the drafts"
+    k = len(with_drafts[0]["texts"])
+    assert k == load_sampler_defaults(web_server.model).ar_drafts > 1
+    growing = [d for d in with_drafts if d.get("chosen") is None]  # dump leaves absent fields out
+    assert [d["tokens"] for d in growing] == sorted({d["tokens"] for d in growing})  # one more token per frame
+    final = with_drafts[-1]
+    if load_sampler_defaults(web_server.model).ar_temperature > 0:  # sampled drafts differ (greedy ones cannot)
+        assert len(set(final["texts"])) >= 2, final["texts"]
+    assert final.get("chosen") is not None and final["texts"][final["chosen"]].startswith(final["kept"])
+
+    # On screen: K rows growing (one starred), then the chosen one marked with its kept text.
+    seen = page.evaluate("window.__drafts")
+    live = [s for s in seen if not s["hidden"] and s["state"] == "growing"]
+    assert live and all(len(s["rows"]) == k and s["lead"] == 1 and s["chosen"] == 0 for s in live)
+    last = seen[-1]
+    assert last["state"] == "chosen" and last["lead"] == 0 and last["chosen"] == 1
+    size = lambda s: sum(len(r) for r in s["rows"])  # noqa: E731
+    assert size(live[0]) < size(last), "the drafts did not grow on screen"
+    expect(page.locator("#run-a .drafts")).to_have_attribute("data-state", "chosen")
+    expect(page.locator("#run-a .drafts li")).to_have_count(k)
+    chosen = page.locator("#run-a .drafts li.chosen")
+    expect(chosen).to_have_count(1)
+    assert chosen.get_attribute("data-draft") == str(final["chosen"])
+    if final["kept"]:
+        shown = page.evaluate("async (t) => (await import('./grid.js')).visible(t, {spaces: false})", final["kept"])
+        assert chosen.locator("mark").text_content() == shown
+    welcome = next(f for f in frames if f["type"] == "welcome")
+    assert welcome["model"]["labels"]["ar-infill"] == "AR infill (K drafts, seam-scored)"
+    expect(page.locator("#run-a [data-stat=writer]")).to_have_text("AR infill (K drafts, seam-scored)")
+    page.screenshot(path=str(artifacts_dir() / "drafts.png"), full_page=True)

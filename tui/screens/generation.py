@@ -16,7 +16,8 @@ from textual import on, work
 from textual.binding import Binding, BindingType
 
 from canvas.client import ConnectionLost, Generation
-from canvas.protocol import EditOp, GenParams, GenProgress, InsertGapOp, MaskOp, ProtocolError
+from canvas.modes import Kind, request_kind
+from canvas.protocol import DocState, EditOp, GenParams, GenProgress, InsertGapOp, MaskOp, ProtocolError
 from tui.live import LiveCanvas, ProposalView
 from tui.messages import DocUpdated, GenFinished, GenFrame, GenStarted
 from tui.screens.base import RUNNING, log
@@ -31,6 +32,13 @@ DONE_WORDS = {
     "stale": "Generation stopped: an edit overlapped the text being generated.",
     "unavailable": "Generation lost: its engine replica went away. Start it again.",
 }
+
+
+def state_kind(state: DocState) -> Kind:
+    """Whether a generation over `state`'s window is an infill (free text with pinned text after it) or a
+    continuation: the kind that decides which mode a request naming none runs in, and how it is labelled."""
+    pinned = [s.kind == "pinned" for s in state.spans if s.end > s.start or s.slots > 0]
+    return request_kind(pinned)
 
 
 class GenerationScreen(FileScreen):
@@ -122,7 +130,8 @@ class GenerationScreen(FileScreen):
         self.query_one(ModeLine).show_live(self.live, self.canvas.palette())
         if self.phase == "starting":
             self.phase = "generating"
-        self.set_run(seed=acc.params.seed, step=0, mode=mode_label(acc.params.mode))  # the mode the server resolved
+        # The mode the server resolved, named for what it runs on this kind of request.
+        self.set_run(seed=acc.params.seed, step=0, mode=mode_label(acc.params.mode, state_kind(state)))
         self.update_status()
         if self.phase == "cancelling":  # Esc came before the server accepted it
             self._send_cancel(acc.gen)
@@ -152,6 +161,9 @@ class GenerationScreen(FileScreen):
             return
         s = done.stats
         self.set_run(step=s.steps, tokens_per_forward=s.tokens_per_forward, tok_s=s.tok_s)
+        if s.mode is not None:  # what actually wrote the proposal (absent from older servers and when nothing ran)
+            self.set_run(mode=mode_label(s.mode))
+        self.update_status()
         state = self.sync.state
         if done.status == "completed" and done.proposal is not None and state is not None:
             self.proposal = ProposalView(state, done.gen, done.proposal)

@@ -17,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
 from canvas.protocol import describe_error
-from tui.settings import MODE_LABELS, Settings, mode_label
+from tui.settings import MODE_CHOICES, Settings, setting_label
 
 _DEFAULT = "default"  # the mode select's value for "the model's default" (a Select value cannot be None)
 # field -> (label, hint)
@@ -49,7 +49,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             with Horizontal(classes="settings-row"):
                 yield Label("Mode", classes="settings-label")
                 yield Select(
-                    [(mode_label(m), m or _DEFAULT) for m in MODE_LABELS],
+                    [(setting_label(m), m or _DEFAULT) for m in MODE_CHOICES],
                     value=s.mode or _DEFAULT,
                     allow_blank=False,
                     compact=True,
