@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The default model is Gemma-3-270M converted: `dcanvas tui` (as every command, canvas/model_resolve.py) serves the
+# The default model is Gemma-3-270M converted: `dcanvas tui` (as every command, canvas/convert/resolve.py) serves the
 # cached build, or builds it on first use with a progress line; where its packages cannot be installed or the build
 # fails, it opens on the embedded canvas-6m and says why.
 run: setup

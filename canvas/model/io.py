@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from canvas.model.config import ModelConfig
 from canvas.model.model import DiffusionModel
-from canvas.sampler import EXTRA_FILE, SamplerConfig, extra_settings
+from canvas.sampling.sampler import EXTRA_FILE, SamplerConfig, extra_settings
 
 
 class WeightsError(ValueError):
@@ -185,7 +185,7 @@ def _fill(cfg: ModelConfig, src: _TensorSource, device: torch.device | str, dtyp
 
 def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: SamplerConfig | None = None) -> None:
     """Write config.json, generation_config.json and model.safetensors in the transformers layout, and our sampler
-    settings that transformers has no key for in `canvas.sampler.EXTRA_FILE`.
+    settings that transformers has no key for in `canvas.sampling.sampler.EXTRA_FILE`.
 
     `sampler` is the model's own sampler defaults for generation_config.json (the reference defaults if None)."""
     path = Path(path)

@@ -35,7 +35,7 @@ from kernels.soft_embed import soft_embedding
 
 if TYPE_CHECKING:
     from canvas.model.int8 import Int8Linear, Scheme
-    from canvas.sampler import SamplerConfig
+    from canvas.sampling.sampler import SamplerConfig
 
 # Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
 # writes its cache here, `denoise` reads it, the training objective keeps graph-connected K/V.

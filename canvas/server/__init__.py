@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
     from canvas.server.admission import AdmissionConfig
     from canvas.server.config import TOKEN_ENV, ServerConfig
     from canvas.server.embedded import uvicorn_options
-    from canvas.store import StoreError, describe
+    from canvas.store.sqlite import StoreError, describe
 
     fields: dict[str, Any] = {
         "host": args.host,
@@ -134,8 +134,8 @@ def _serve_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     import uvicorn
 
     from canvas.cluster.deploy import Cluster, ClusterConfig
-    from canvas.model_resolve import resolve_model
-    from canvas.server.backend import load_frontend
+    from canvas.convert.resolve import resolve_model
+    from canvas.engine.backend import load_frontend
     from canvas.server.embedded import uvicorn_options
 
     model_dir = resolve_model(config.model_dir).path

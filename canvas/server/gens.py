@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from canvas.document import Document, DocumentError
-from canvas.engine import Done, Frame, GenHandle
+from canvas.engine.core import Done, Frame, GenHandle
 from canvas.protocol import (
     Ack,
     DiffSegment,
@@ -42,7 +42,7 @@ from canvas.protocol import (
     ProtocolError,
     SlotUpdate,
 )
-from canvas.sampler import Mode, SamplerConfig
+from canvas.sampling.sampler import Mode, SamplerConfig
 from canvas.server.admission import Busy
 from canvas.server.persist import write_failed
 from canvas.server.rebase import Change, conflicts, rebase_range

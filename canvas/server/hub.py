@@ -14,7 +14,7 @@ Invariants:
   rebased over those changes or refused with `stale_version`. A change that overlaps a running generation's region
   stops it (`stale`); one that overlaps a pending proposal makes accepting it fail with `stale_version`.
 - The engine never waits on a session: generations report through their session's `Outbox`.
-- With a store that several server processes share (`canvas.store.SharedStore`: PostgreSQL), `locked` also takes
+- With a store that several server processes share (`canvas.store.sqlite.SharedStore`: PostgreSQL), `locked` also takes
   the document's cross-process lock and, when another process has written the document since this one read it,
   brings the `LiveDoc` up to date in place first (`canvas.server.peers`). So versions stay monotonic and edits
   serialised per document across processes, and each request acts on the latest state.
@@ -31,6 +31,7 @@ from typing import Any
 
 from canvas import __version__
 from canvas.document import Document, InsertGap, Mask, MoveWindow, Op, Pin, Replace, Unmask, Unpin
+from canvas.engine.backend import Backend
 from canvas.protocol import (
     PROTOCOL,
     Ack,
@@ -71,7 +72,6 @@ from canvas.protocol import (
     error_for_exception,
 )
 from canvas.server.admission import Admission, Admits
-from canvas.server.backend import Backend
 from canvas.server.gens import Generations
 from canvas.server.peers import Peers
 from canvas.server.persist import encode_change, load_live, positions, unavailable, write_failed
@@ -79,7 +79,7 @@ from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
 from canvas.server.security import authorized
 from canvas.server.state import LiveDoc, Session, snapshot
-from canvas.store import DocStore, DocumentNotFound
+from canvas.store.sqlite import DocStore, DocumentNotFound
 
 log = logging.getLogger("canvas.server")
 __all__ = ["Hub", "compose", "to_doc_op"]  # compose lives in canvas.server.proposals; importing it here still works

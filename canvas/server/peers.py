@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from canvas.protocol import ErrorCode, ProtocolError
 from canvas.server.persist import load_live
 from canvas.server.state import LiveDoc
-from canvas.store import DocumentNotFound, SharedStore
+from canvas.store.sqlite import DocumentNotFound, SharedStore
 
 if TYPE_CHECKING:
     from canvas.server.hub import Hub
@@ -48,7 +48,7 @@ class Peers:
         if shared is None:
             yield
             return
-        # Only ever tried (canvas.store_pg): waiting on the connection would stall this process's other documents.
+        # Only ever tried (canvas.store.pg): waiting on the connection would stall this process's other documents.
         delay, waited = 0.002, 0.0
         while not await asyncio.to_thread(shared.try_lock, live.doc_id):
             if waited > LOCK_WAIT_S:

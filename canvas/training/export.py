@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from canvas.eval.report import PLACEHOLDER
 from canvas.model import DiffusionModel
-from canvas.sampler import SamplerConfig
-from canvas.training.eval_report import PLACEHOLDER
+from canvas.sampling.sampler import SamplerConfig
 from canvas.training.tokens import file_sha256
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from typing import ClassVar
 from textual import on, work
 from textual.binding import Binding, BindingType
 
-from canvas.client import ConnectionLost, Generation
 from canvas.protocol import EditOp, GenParams, GenProgress, InsertGapOp, MaskOp, ProtocolError
+from canvas.protocol.client import ConnectionLost, Generation
 from tui.live import LiveCanvas, ProposalView
 from tui.messages import DocUpdated, GenFinished, GenFrame, GenStarted
 from tui.screens.base import RUNNING, log
