@@ -286,7 +286,7 @@ def _model(args: argparse.Namespace) -> DiffusionModel:
 
 
 def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
-    from canvas.bench.cli import machine, print_table
+    from canvas.bench.common import machine, print_table
 
     shape = ArShape(args.prompt, args.tokens, args.batch, args.runs)
     model = _model(args)

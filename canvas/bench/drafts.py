@@ -40,7 +40,7 @@ def _model(args: argparse.Namespace) -> tuple[DiffusionModel, str, Any]:
 
 
 def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
-    from canvas.bench.cli import machine, print_table
+    from canvas.bench.common import machine, print_table
     from canvas.engine.ar import ARBatch
     from canvas.engine.core import Engine, GenRequest
 

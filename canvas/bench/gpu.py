@@ -94,7 +94,7 @@ def _step_times(cfg: ModelConfig, prompt_len: int, runs: int, device: str, dtype
 
 
 def bench_model_gpu(args: argparse.Namespace) -> dict[str, Any]:
-    from canvas.bench.cli import machine, print_table
+    from canvas.bench.common import machine, print_table
 
     on_gpu = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)

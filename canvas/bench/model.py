@@ -101,7 +101,7 @@ def _engine_step_s(model: DiffusionModel, ctx: tuple[int, ...], slots: tuple[int
 
 
 def _paired(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
-    from canvas.bench.cli import paired
+    from canvas.bench.common import paired
 
     return paired(fns, runs)
 
@@ -201,7 +201,7 @@ def _rows(model_dir: Path, dtype: torch.dtype, args: argparse.Namespace, ref_too
 
 
 def bench_model(args: argparse.Namespace) -> dict[str, Any]:
-    from canvas.bench.cli import machine
+    from canvas.bench.common import machine
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.model is None:

@@ -17,15 +17,35 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from canvas.document import Document, atoms_from_text
 
 if TYPE_CHECKING:
     from canvas.engine.backend import Backend
-    from canvas.eval.evaluate import EvalConfig
 
 CONTINUATION = "continuation"
+
+
+class SampleSpec(Protocol):
+    """What drawing samples reads of an evaluation's settings (`canvas.eval.evaluate.EvalConfig` has it all)."""
+
+    @property
+    def gaps(self) -> tuple[int, ...]: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def side_tokens(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def chunks_per_doc(self) -> int: ...
+    @property
+    def tasks(self) -> tuple[str, ...]: ...
 
 
 class EvalError(ValueError):
@@ -128,7 +148,7 @@ def _pieces(text: str, backend: Backend, sizes: Sequence[int], limit: int) -> li
     return found
 
 
-def build_samples(docs: Sequence[tuple[str, str]], backend: Backend, cfg: EvalConfig) -> dict[str, list[Sample]]:
+def build_samples(docs: Sequence[tuple[str, str]], backend: Backend, cfg: SampleSpec) -> dict[str, list[Sample]]:
     """Up to `cfg.samples` samples per task, drawn with `cfg.seed`; raises `EvalError` when a task gets none."""
     L = backend.canvas_length
     widest = 2 * cfg.side_tokens + max(cfg.gaps)

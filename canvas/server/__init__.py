@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
     from canvas.server.admission import AdmissionConfig
     from canvas.server.config import TOKEN_ENV, ServerConfig
     from canvas.server.embedded import uvicorn_options
-    from canvas.store.sqlite import StoreError, describe
+    from canvas.store.base import StoreError, describe
 
     fields: dict[str, Any] = {
         "host": args.host,

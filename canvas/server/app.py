@@ -33,13 +33,15 @@ from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, par
 from canvas.server.admission import Admission, Admits
 from canvas.server.config import ServerConfig
 from canvas.server.faults import from_env
+from canvas.server.http import routes as http_routes
 from canvas.server.http.core import HttpApi
 from canvas.server.hub import Hub
 from canvas.server.lag import LoopLag
 from canvas.server.outbox import Outbox
 from canvas.server.security import origin_allowed, subprotocol_tokens
 from canvas.server.state import Session
-from canvas.store.sqlite import DocStore, open_store
+from canvas.store import open_store
+from canvas.store.base import DocStore
 
 log = logging.getLogger("canvas.server")
 SUBPROTOCOL = "dcanvas.v1"
@@ -112,7 +114,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
         Route("/health", health),
         Route("/schema", schema_route),
         WebSocketRoute("/ws", ws_route),
-        *api.routes(),
+        *http_routes(api),
     ]
     web = Path(config.web_dir)
     if web.is_dir():

@@ -3,8 +3,8 @@
 Owns the PostgreSQL schema and one connection per process. The data and its methods are those of the SQLite
 `canvas.store.sqlite.Store` (same records, same errors, same invariants: versions only grow, a save is all or nothing,
 durable once it returns), and the reads and the writes whose SQL is the same live in their shared base,
-`canvas.store.sqlite._SqlStore`; this module writes what differs (schema, save, add_proposal, load). What it adds is
-what several processes serving the same documents need (`canvas.store.sqlite.SharedStore`):
+`canvas.store.base.SqlStore`; this module writes what differs (schema, save, add_proposal, load). What it adds is
+what several processes serving the same documents need (`canvas.store.base.SharedStore`):
 
 - A per-document **stamp**, bumped by every write that touches the document (a save, a proposal added or settled).
   A process remembers the stamp of what it last read or wrote (`_seen`); `changed(doc_id)` says whether another
@@ -34,17 +34,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from canvas.store.sqlite import (
+from canvas.store.base import (
     SCHEMA_VERSION,
     DocumentNotFound,
     DuplicateProposal,
     Positions,
+    SqlStore,
     StoreError,
     VersionRegression,
-    _encode,
-    _save_blobs,
-    _SqlStore,
     describe,
+    encode_json,
+    save_blobs,
 )
 
 CHANNEL = "dcanvas_docs"
@@ -87,10 +87,10 @@ CREATE INDEX IF NOT EXISTS proposals_by_doc ON proposals (doc_id, outcome)
 """
 
 _SCHEMA_LOCK = 0x64636E76  # "dcnv": one process at a time creates the schema (CREATE IF NOT EXISTS races otherwise)
-class PgStore(_SqlStore):
+class PgStore(SqlStore):
     """A document store in a PostgreSQL database (`url`: a libpq URL, `postgresql://user@host:port/db`)."""
 
-    shared = True  # several processes may serve the same documents (canvas.store.sqlite.SharedStore)
+    shared = True  # several processes may serve the same documents (canvas.store.base.SharedStore)
     _PARAM = "%s"
     _PROPOSAL_ORDER = "seq"
 
@@ -157,7 +157,7 @@ class PgStore(_SqlStore):
         resolved: Mapping[str, str] | None = None,
     ) -> None:
         """As `canvas.store.sqlite.Store.save`: state `v` of `doc_id` with the edit that made it, atomic and durable."""
-        blob, ops_blob, change_blob, chars = _save_blobs(v, state, ops, change, chars)
+        blob, ops_blob, change_blob, chars = save_blobs(v, state, ops, change, chars)
         now = time.time()
         with self._lock, self._writing(doc_id) as db:
             row = db.execute("SELECT v FROM documents WHERE doc_id=%s FOR UPDATE", (doc_id,)).fetchone()
@@ -190,7 +190,7 @@ class PgStore(_SqlStore):
         self, doc_id: str, gen: str, owner: str, body: Any, start: int, end: int, *, expire: Sequence[str] = ()
     ) -> None:
         """As `canvas.store.sqlite.Store.add_proposal`. Raises `DocumentNotFound`."""
-        blob = _encode("body", body)
+        blob = encode_json("body", body)
         now = time.time()
         with self._lock, self._writing(doc_id) as db:
             if db.execute("SELECT 1 FROM documents WHERE doc_id=%s FOR UPDATE", (doc_id,)).fetchone() is None:

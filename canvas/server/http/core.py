@@ -1,7 +1,7 @@
 """The HTTP side of text generation, shared by the OpenAI-compatible routes and llama.cpp's `/infill`: who may call
 (the dcanvas/1 policy), how much they may send, and how a request's generation is tied to its connection.
 
-Owns `ApiLimits`, `HttpApi` (the routes of both dialects for `create_app`, and the counters `/health` reports),
+Owns `ApiLimits`, `HttpApi` (what both dialects share for `create_app`, and the counters `/health` reports),
 `Refusal` (a request refused with an HTTP status; each dialect renders it in its own error shape) and
 `EventStream` (server-sent events whose producer is cancelled as soon as the client disconnects).
 
@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
 from canvas.engine.backend import Backend
@@ -140,12 +139,6 @@ class HttpApi:
         self.admission = admission if admission is not None else Admission(backend.engine, config.admission)
         self.running = 0  # engine generations from HTTP now
         self.outcomes: Counter[str] = Counter()  # requests by how they ended
-
-    def routes(self) -> list[BaseRoute]:
-        from canvas.server.http.llama_infill import infill_routes
-        from canvas.server.http.openai import openai_routes
-
-        return [*openai_routes(self), *infill_routes(self)]
 
     def stats(self) -> dict[str, int]:
         return {"running": self.running, **{k: self.outcomes[k] for k in ("completed", "cancelled", "failed")}}

@@ -292,7 +292,7 @@ def test_protocol_error_round_trips_through_the_wire() -> None:
 
 
 def test_domain_exceptions_map_to_codes_and_unknown_ones_leak_nothing() -> None:
-    from canvas.store.sqlite import DocumentNotFound
+    from canvas.store.base import DocumentNotFound
 
     class MoreSpecific(DocumentNotFound):
         pass
@@ -451,7 +451,7 @@ def test_random_frames_parse_or_fail_typed(kind: str, body: dict[str, Any]) -> N
 def test_docs_example_session_is_valid() -> None:
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text(encoding="utf-8")
     block = page.split("## Example session", 1)[1].split("```text", 1)[1].split("```", 1)[0]
     sent: list[p.ClientRequest] = []
     received: list[p.ServerReply] = []

@@ -84,6 +84,6 @@ def test_a_token_offered_as_a_subprotocol_authorizes_and_is_never_echoed(server:
 
 
 def test_docs_describe_the_subprotocol_token() -> None:
-    doc = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).parents[3] / "docs" / "protocol.md").read_text(encoding="utf-8")
     transport = doc.split("## Transport", 1)[1].split("\n## ", 1)[0]
     assert "dcanvas.token." in transport and "base64url" in transport and "dcanvas.v1" in transport

@@ -181,7 +181,7 @@ def test_a_restored_log_stops_at_a_missing_version() -> None:
 def test_change_log_from_stored_edits() -> None:
     from canvas.document import StateError
     from canvas.server.persist import change_log, decode_change, encode_change
-    from canvas.store.sqlite import EditRecord
+    from canvas.store.base import EditRecord
 
     assert decode_change(encode_change(Change(1, 2, 5))) == Change(1, 2, 5)
     assert decode_change(encode_change(None)) is None

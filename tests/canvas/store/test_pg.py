@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
-from canvas.store.sqlite import StoreError, open_store
+from canvas.store import open_store
+from canvas.store.base import StoreError
 from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, served
 from tests.canvas.wsconn import edit as _edit
 from tests.canvas.wsconn import open_doc as _open
@@ -92,7 +93,7 @@ def test_notifications_reach_other_processes_not_the_writer(pg_url: str) -> None
 
 def test_versions_stay_monotonic_under_concurrent_saves(pg_url: str) -> None:
     """Two processes racing to save the same next version: exactly one wins, the other gets VersionRegression."""
-    from canvas.store.sqlite import VersionRegression
+    from canvas.store.base import VersionRegression
 
     with PgStore(pg_url) as a, PgStore(pg_url) as b:
         a.save("d", 0, _state(""))

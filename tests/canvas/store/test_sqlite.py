@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from canvas.store.sqlite import DocStore, DocumentNotFound, DuplicateProposal, Store, StoreError, VersionRegression
+from canvas.store.base import DocStore, DocumentNotFound, DuplicateProposal, StoreError, VersionRegression
+from canvas.store.sqlite import Store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -220,7 +220,7 @@ def test_a_streamed_rewrite_ends_as_llama_cpp_streams_it(client: TestClient) -> 
 
 
 def test_the_docs_table_names_every_llama_cpp_field() -> None:
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "openai-llama.md").read_text()
+    doc = (Path(__file__).resolve().parents[4] / "docs" / "openai-llama.md").read_text()
     section = doc.split("## llama.cpp's fields on the OpenAI routes", 1)[1].split("\n## ", 1)[0]
     honoured = {"n_predict", "seed", "t_max_predict_ms", "n_indent", "id_slot", "top_k", "top_p", "min_p"}
     refused = set(REFUSED) - {"logit_bias"}  # OpenAI's too: its row is in the completions table
