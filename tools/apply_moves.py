@@ -96,8 +96,7 @@ class Rewriter:
             full = self.dotted(f"{module}.{name}")
             if f"{module}.{name}" in self.new_names:  # a submodule imported by its new name
                 target, new_name = module, name
-            elif full != f"{module}.{name}" and (f"{module}.{name}" in self.moves.symbols
-                                               or f"{module}.{name}" in self.moves.modules):
+            elif f"{module}.{name}" in self.moves.symbols or f"{module}.{name}" in self.moves.modules:
                 target, _, new_name = full.rpartition(".")
             else:
                 target, new_name = self.dotted(module), name

@@ -2,10 +2,15 @@
 
 A Starlette app on uvicorn (`app`): the web client at `/`, `/health`, `/schema`, and the websocket `/ws` that
 speaks dcanvas/1 (docs/protocol.md). Modules: `config` (ServerConfig), `security` (bind/token policy, Origin,
-rate limits), `backend` (model + engine + tokenizer), `state` (sessions, live documents), `hub` (request handlers),
-`gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept, reject),
-`persist` (change logs and proposals in the store: SQLite, or PostgreSQL shared by several servers), `outbox`
-(per-connection sending with latest-wins progress), `rebase` (versions).
+rate limits), `state` (sessions, live documents), `hub` (request handlers), `hub_port` (what the hub's parts may use
+of it), `gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept,
+reject), `peers` (other server processes on a shared store), `persist` (change logs and proposals in the store:
+SQLite, or PostgreSQL shared by several servers), `outbox` (per-connection sending with latest-wins progress),
+`rebase` (versions), `faults` (injected faults for the soak), `embedded` (a server in a thread, for the TUI),
+`http/` (the OpenAI-compatible and llama.cpp routes). What it serves with is `canvas.engine.backend`.
+
+Imports the engine, the store, the protocol and the document (and `canvas.cluster` with `--ray`), never the eval,
+the benchmarks or the UI; the TUI, the soak, the cluster and the CLI import it.
 
 This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
 """
