@@ -17,6 +17,7 @@ below, never one above):
     7  canvas.cli               the entry point (it names its subcommands' modules as strings)
 
 The first tests run the checker on small made-up trees, so that a check which could never fail is caught too.
+(apply-moves: skip-file: the package names below are the new layout's, not old modules for tools.apply_moves.)
 """
 
 from __future__ import annotations

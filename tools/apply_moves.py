@@ -14,7 +14,11 @@ now. What gets rewritten, in any text file:
 Invariant: a name already in the new layout is left alone, so running it twice changes nothing (a new module that
 sits under an old module's name, as `canvas.engine.core` under the old `canvas.engine`, is recognised by its map).
 A bare old module name that is now a package's (`canvas.engine`, `canvas.store`, `canvas.bench`) is read as the old
-module: run it on files written against the old layout, not on new code that imports those packages' faces.
+module in `import` and `from ... import` statements (with the names imported deciding) and in a string literal that
+is nothing but the name (`("canvas.bench", "register")`: a module for importlib), and is left alone elsewhere (prose
+may mean the package), so it may run over the whole tree: files already in the new layout come out unchanged. A
+file that holds old-layout text on purpose says so in its first lines with the marker below (this one does:
+apply-moves: skip-file).
 """
 
 from __future__ import annotations
@@ -29,13 +33,18 @@ from pathlib import Path
 
 MAP_FILE = Path(__file__).with_name("module_moves.json")
 SUFFIXES = {".py", ".md", ".toml", ".txt", ".cfg", ".ini", ".sh", ".yml", ".yaml", ".json", ".pyi"}
+SKIP_MARK = "apply-moves: skip-file"  # in a file's first 2000 characters: leave the file alone (old-layout fixtures)
 SKIP_DIRS = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "data"}
 ROOTS = ("canvas", "kernels", "tui", "tests")
 _ROOT = "(?:" + "|".join(ROOTS) + ")"
 # A dotted name that starts at a package root and is not the tail of a longer dotted name.
 _DOTTED = re.compile(rf"(?<![\w.]){_ROOT}(?:\.[A-Za-z_]\w*)+")
+# A dotted name that is a whole string literal: a module named for importlib, `python -m`, a patch target.
+_QUOTED = re.compile(rf"""(["'])({_ROOT}(?:\.[A-Za-z_]\w*)+)(["'])""")
 # A module's file path (relative, or the tail of an absolute one).
 _PATH = re.compile(rf"(?<![\w.]){_ROOT}(?:/[A-Za-z_]\w*)+\.py\b")
+# `import a.b, c as d` (the names of one statement).
+_IMPORT = re.compile(r"^(?P<indent>[ \t]*)import[ \t]+(?P<names>[\w., \t]+)$", re.MULTILINE)
 # `from x import names` (one line, a parenthesised list, or backslash continuations).
 _FROM = re.compile(r"^(?P<indent>[ \t]*)from[ \t]+(?P<mod>[\w.]+)[ \t]+import[ \t]+"
                    r"(?P<names>\([^)]*\)|(?:[^\n\\]*\\\n)*[^\n]*)", re.MULTILINE)
@@ -66,8 +75,12 @@ class Rewriter:
         self.moves = moves
         self.new_names = moves.new_names
 
-    def dotted(self, name: str) -> str:
-        """The current spelling of a dotted name (a module, or a name inside one); unchanged if it did not move."""
+    def dotted(self, name: str, *, bare: bool = False) -> str:
+        """The current spelling of a dotted name (a module, or a name inside one); unchanged if it did not move.
+        An old module's bare name that a package now has (`canvas.engine`) is rewritten only with `bare` (an import
+        statement, where it can only mean the old module); in other text it may well name the package."""
+        if not bare and name in self.moves.modules and name in self.new_names:
+            return name
         parts = name.split(".")
         for i in range(len(parts), 0, -1):
             prefix = ".".join(parts[:i])
@@ -80,8 +93,10 @@ class Rewriter:
         return name
 
     def path(self, path: str) -> str:
-        new = self.dotted(path[: -len(".py")].replace("/", "."))
-        return new.replace(".", "/") + ".py"
+        stem = path[: -len(".py")]
+        if stem.endswith("/__init__"):  # a package's face: the package's own name, which is never an old module's
+            return self.dotted(stem[: -len("/__init__")].replace("/", ".")).replace(".", "/") + "/__init__.py"
+        return self.dotted(stem.replace("/", "."), bare=True).replace(".", "/") + ".py"  # a file: the old module
 
     def from_import(self, match: re.Match[str]) -> str:
         indent, module, names_src = match["indent"], match["mod"], match["names"]
@@ -89,7 +104,7 @@ class Rewriter:
         inner = inner[1:-1] if inner.startswith("(") else inner.replace("\\\n", " ")
         names = [n.strip() for n in inner.replace("\n", " ").split(",") if n.strip() and not n.strip().startswith("#")]
         if any("#" in n for n in names):  # comments inside the list: keep its layout, rename the module only
-            return match[0].replace(module, self.dotted(module), 1)
+            return match[0].replace(module, self.dotted(module, bare=True), 1)
         groups: dict[str, list[str]] = {}
         for spec in names:
             name, _, alias = (p.strip() for p in spec.partition(" as "))
@@ -99,7 +114,7 @@ class Rewriter:
             elif f"{module}.{name}" in self.moves.symbols or f"{module}.{name}" in self.moves.modules:
                 target, _, new_name = full.rpartition(".")
             else:
-                target, new_name = self.dotted(module), name
+                target, new_name = self.dotted(module, bare=True), name
             local = alias or name
             groups.setdefault(target, []).append(new_name if new_name == local else f"{new_name} as {local}")
         if len(groups) == 1:
@@ -116,8 +131,12 @@ class Rewriter:
         return "\n".join(lines)
 
     def plain(self, src: str) -> str:
+        src = _QUOTED.sub(lambda m: m[1] + self.dotted(m[2], bare=True) + m[3], src)
         src = _DOTTED.sub(lambda m: self.dotted(m[0]), src)
         return _PATH.sub(lambda m: self.path(m[0]), src)
+
+    def imports(self, src: str) -> str:
+        return _IMPORT.sub(lambda m: _DOTTED.sub(lambda d: self.dotted(d[0], bare=True), m[0]), src)
 
     def text(self, src: str, python: bool) -> str:
         if not python:
@@ -126,9 +145,9 @@ class Rewriter:
         # them name by name.
         out, pos = [], 0
         for match in _FROM.finditer(src):
-            out += [self.plain(src[pos:match.start()]), self.from_import(match)]
+            out += [self.plain(self.imports(src[pos:match.start()])), self.from_import(match)]
             pos = match.end()
-        return "".join([*out, self.plain(src[pos:])])
+        return "".join([*out, self.plain(self.imports(src[pos:]))])
 
 
 def iter_files(paths: Sequence[Path]) -> Iterator[Path]:
@@ -155,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             src = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
+            continue
+        if SKIP_MARK in src[:2000]:
             continue
         new = rewriter.text(src, python=path.suffix in {".py", ".pyi"})
         if new != src:

