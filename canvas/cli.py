@@ -18,15 +18,15 @@ from canvas import __version__
 # name -> (module, register function, one-line help). The register function adds its arguments to a
 # subparser and sets `func` (called with the parsed namespace, returns an exit code).
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "bench": ("canvas.bench", "register", "run a benchmark (model, engine, kernels, load)"),
-    "generate": ("canvas.generate_cli", "register", "generate text from a prompt"),
+    "bench": ("canvas.bench.cli", "register", "run a benchmark (model, engine, kernels, load)"),
+    "generate": ("canvas.engine.generate_cli", "register", "generate text from a prompt"),
     "serve": ("canvas.server", "register", "run the dcanvas/1 websocket server"),
     "cluster": ("canvas.cluster.cli", "register", "manage the Ray Serve engine replicas of `serve --ray`"),
     "schema": ("canvas.protocol", "register", "print the JSON Schema of every dcanvas/1 message"),
     "tui": ("tui.app", "register", "open the Textual editor"),
     "data": ("canvas.training.data", "register", "build the training corpus and tokenizer"),
     "train": ("canvas.training.train_cli", "register", "train the default model"),
-    "eval": ("canvas.training.evaluate", "register", "evaluate a model (infill, continuation, AR)"),
+    "eval": ("canvas.eval.evaluate", "register", "evaluate a model (infill, continuation, AR)"),
     "convert": ("canvas.convert.cli", "register", "convert a Gemma 3 checkpoint into a DiffusionGemma model"),
     "model": ("canvas.convert.cli", "register_model", "build the default model (Gemma-3-270M, converted)"),
 }

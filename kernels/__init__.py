@@ -12,6 +12,8 @@ Ops (one module each; `<op>_ref` is the torch reference, `<op>_triton` the valid
 `python -m kernels.bench` times them on CUDA. The kernels are forward-only: "auto" uses the references whenever an
 input requires grad.
 
+The bottom layer: imports nothing of the project; `canvas.model` and `canvas.sampling` import it.
+
 No `__version__` here on purpose: transformers probes any importable `kernels` package (the HF hub kernels
 library) by version, and this package must never look like it.
 """

@@ -9,14 +9,14 @@ the many-example property tests, belongs there.
 Every command and server started here without `--model` serves the embedded canvas-6m (`DCANVAS_MODEL=embedded`,
 inherited by subprocesses): on a machine whose cache holds the built Gemma conversion, or with the model extra
 installed, the suite must neither switch to it (slow, other outputs) nor build it. A test of the model rule itself
-(`tests/canvas/test_model_resolve.py`) opts out with `monkeypatch.delenv`.
+(`tests/canvas/convert/test_resolve.py`) opts out with `monkeypatch.delenv`.
 """
 
 import os
 
 from hypothesis import settings
 
-from canvas.model_resolve import MODEL_ENV
+from canvas.convert.resolve import MODEL_ENV
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 os.environ[MODEL_ENV] = "embedded"

@@ -25,8 +25,8 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.screen import Screen
 
-from canvas.client import ConnectionLost, DcanvasClient
 from canvas.protocol import DocState, ProtocolError
+from canvas.protocol.client import ConnectionLost, DcanvasClient
 from tui.embedded import EmbeddedServerError, LocalServer
 from tui.messages import Connected, Connecting, Disconnected
 from tui.screens.help import HelpScreen
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("DCANVAS_TOKEN") or None
     model, fallback = args.model, None
     if server is None:  # the model is chosen (and the why of a fallback said, a build shown) before the UI starts
-        from canvas.model_resolve import ModelUnavailable, resolve_model
+        from canvas.convert.resolve import ModelUnavailable, resolve_model
 
         try:
             resolved = resolve_model(args.model)

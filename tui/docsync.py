@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from canvas.client import DcanvasClient, Generation
 from canvas.protocol import DocState, EditOp, ErrorCode, GenParams, ProtocolError, ReplaceOp
+from canvas.protocol.client import DcanvasClient, Generation
 
 
 @dataclass(frozen=True, slots=True)

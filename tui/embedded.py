@@ -2,7 +2,7 @@
 
 `dcanvas tui` without `--server` runs one in this process (a background thread, a free loopback port, documents in
 memory: the file on disk is the editor's truth, not the server's store), so that `make run` alone gives a working
-editor. `LocalServer` serves `--model DIR`, else `canvas.model_resolve`'s choice, turns every way starting can
+editor. `LocalServer` serves `--model DIR`, else `canvas.convert.resolve`'s choice, turns every way starting can
 fail into an `EmbeddedServerError` whose message says what to do, and can tell whether the server still answers.
 
 `start()` blocks while the model loads: the app calls it from a thread (`asyncio.to_thread`).
@@ -50,7 +50,7 @@ class LocalServer:
 
     def start(self) -> str:
         """Start a server (a fresh one if a previous one died) and return its websocket URL."""
-        from canvas.model_resolve import ModelUnavailable, resolve_model
+        from canvas.convert.resolve import ModelUnavailable, resolve_model
         from canvas.server.embedded import EmbeddedServer
 
         if self.alive:

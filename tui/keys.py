@@ -1,8 +1,9 @@
 """Every key binding of the editor as one table, read from the widgets' own `BINDINGS`.
 
-The help screen shows it and `docs/tui.md` embeds it (`python -m tui.keys` prints the Markdown; a test checks
-that the page matches), so neither can drift from the code. Bindings are merged the way Textual merges them: a
-subclass's binding for a key replaces the inherited one.
+The help screen shows it and `docs/tui.md` embeds it (`python -m tui.keydoc` prints the Markdown; a test checks
+that the page matches), so neither can drift from the code. The app's own bindings come in as an argument: this
+module sits below `tui.app` (whose help screen reads it) and so never imports it. Bindings are merged the way
+Textual merges them: a subclass's binding for a key replaces the inherited one.
 
 Sections: anywhere (the app), while editing, while generating, with a proposal, in the text area (Textual's
 `TextArea` keys as this editor changes them) and the mouse.
@@ -11,7 +12,9 @@ Sections: anywhere (the app), while editing, while generating, with a proposal, 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from textual.app import App
 from textual.binding import Binding, BindingType
 
 Row = tuple[str, str]  # (keys, what they do)
@@ -52,10 +55,10 @@ def rows(bindings: Iterable[BindingType]) -> list[Row]:
     return [(" / ".join(keys), label) for (_, label), keys in groups.items()]
 
 
-def sections() -> list[tuple[str, list[Row]]]:
+def sections(app: type[App[Any]]) -> list[tuple[str, list[Row]]]:
+    """The table of `app` (the editor's app class) and its screens and widgets."""
     from textual.widgets import TextArea
 
-    from tui.app import DcanvasApp
     from tui.screens.main import MainScreen
     from tui.widgets.canvas_view import CanvasView
     from tui.widgets.editor import CanvasEditor
@@ -63,23 +66,10 @@ def sections() -> list[tuple[str, list[Row]]]:
     # Keys the text area passes on to the screen are listed with the screen's.
     editor_keys = [b for b in _effective([*reversed(TextArea.__mro__), CanvasEditor]) if "." not in b.action]
     return [
-        ("Anywhere", rows(DcanvasApp.BINDINGS)),
+        ("Anywhere", rows(app.BINDINGS)),
         ("Editing", rows(MainScreen.EDIT_KEYS)),
         ("While generating", rows(MainScreen.RUN_KEYS)),
         ("With a proposal", rows([*MainScreen.PROPOSAL_KEYS, *CanvasView.BINDINGS])),
         ("In the text", rows(editor_keys)),
         ("Mouse", MOUSE_ROWS),
     ]
-
-
-def markdown() -> str:
-    out: list[str] = []
-    for title, table in sections():
-        out += [f"### {title}", "", "| Keys | Action |", "| ---- | ------ |"]
-        out += ["| " + keys.replace("|", "\\|") + f" | {what} |" for keys, what in table]
-        out.append("")
-    return "\n".join(out)
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")

@@ -17,8 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from canvas.modes import mode_label as mode_label
 from canvas.protocol import GenParams, describe_error
+from canvas.sampling.modes import mode_label
 
 CONFIG_NAME = "tui.json"
 
@@ -98,7 +98,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
 
 
 # The mode setting's choices, in the settings form's order. Their labels, and those of what a run wrote, are
-# `canvas.modes.mode_label`'s (re-exported here): one table for the editor, the web page and the CLI.
+# `canvas.sampling.modes.mode_label`'s (re-exported here): one table for the editor, the web page and the CLI.
 MODE_CHOICES: tuple[str | None, ...] = (None, "diffusion", "ar")
 
 

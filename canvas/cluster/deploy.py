@@ -30,7 +30,7 @@ from ray import serve
 from canvas.cluster.records import EngineRef
 from canvas.cluster.remote import RemoteAdmission, Stream
 from canvas.cluster.replica import DEPLOYMENT, NAMESPACE, StatsBoard, board_name, build_app
-from canvas.gen_types import GenRequest
+from canvas.engine.types import GenRequest
 from canvas.server.admission import AdmissionConfig
 
 log = logging.getLogger("canvas.cluster")

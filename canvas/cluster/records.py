@@ -1,7 +1,7 @@
 """What an engine replica's `generate` stream says before its events: the generation was taken, or why not.
 
 A replica's stream yields exactly one of these first, then (after `Accepted` only) the generation's `Frame`s and one
-`Done` (`canvas.gen_types`), in tuples (`coalesce`). Frozen, picklable values and no Ray import, so the ingress side
+`Done` (`canvas.engine.types`), in tuples (`coalesce`). Frozen, picklable values and no Ray import, so the ingress side
 (`canvas.cluster.remote`) and its unit tests read them without Ray installed.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from canvas.gen_types import Event, Frame
-from canvas.scheduling import Placement
+from canvas.engine.scheduling import Placement
+from canvas.engine.types import Event, Frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ First = Accepted | Refused | Invalid
 def coalesce(batch: list[Event]) -> tuple[Event, ...]:
     """The events that arrived together, as one stream item (each item costs a Ray round of serialisation): a frame
     followed by a newer frame of the same canvas is dropped, as the ingress's outbox would merge it anyway; the last
-    frame of each canvas stays (`canvas.server.textrun` reads a canvas's committed draft from it)."""
+    frame of each canvas stays (`canvas.server.http.textrun` reads a canvas's committed draft from it)."""
     kept = [ev for ev, nxt in zip(batch, batch[1:], strict=False)
             if not (isinstance(ev, Frame) and isinstance(nxt, Frame) and nxt.canvas_index == ev.canvas_index)]
     return (*kept, batch[-1])

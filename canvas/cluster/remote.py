@@ -31,8 +31,8 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused
-from canvas.gen_types import Done, Event, GenHandle, GenRequest, cancelled_done
-from canvas.scheduling import Placement
+from canvas.engine.scheduling import Placement
+from canvas.engine.types import Done, Event, GenHandle, GenRequest, cancelled_done
 from canvas.server.admission import Admitted, Busy
 
 log = logging.getLogger("canvas.cluster")

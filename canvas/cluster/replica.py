@@ -32,9 +32,9 @@ import ray
 from ray import serve
 
 from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused, coalesce
-from canvas.gen_types import Done, Event, GenHandle, GenRequest
+from canvas.engine.backend import load_backend
+from canvas.engine.types import Done, Event, GenHandle, GenRequest
 from canvas.server.admission import Admission, AdmissionConfig, Busy
-from canvas.server.backend import load_backend
 
 NAMESPACE = "dcanvas"  # where the stats board is named (Serve's own actors live in "serve")
 DEPLOYMENT = "EngineReplica"

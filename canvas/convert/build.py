@@ -30,7 +30,7 @@ import torch
 from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
 from canvas.convert.source import GGUF_PACKAGE, cache_hf, gguf_from_wheels, load_gemma3, notice_files, sha256_file
 from canvas.model import DiffusionModel
-from canvas.sampler import SamplerConfig
+from canvas.sampling.sampler import SamplerConfig
 
 BUILD_VERSION = 3  # bump when the pipeline's output changes for the same inputs
 HERE = Path(__file__).resolve().parent
@@ -230,7 +230,7 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     sampler, extra = _sampler_and_extra(_generation(), ar_temperature=0.7, fim=fim)
     model.save_pretrained(str(tmp), sampler=sampler)
     if extra:
-        from canvas.modes import write_extra
+        from canvas.sampling.modes import write_extra
 
         write_extra(tmp, extra)
     for f in notice_files():

@@ -15,6 +15,10 @@ caller accepts the resulting `Proposal` with `apply_proposal` (one undo unit) or
     view = doc.canvas_view()              # context ids, slot ids, pinned flags, free regions, version
     proposal = doc.make_proposal(generated_ids, null_id=tok.token_to_id("<null>"))
     doc.apply_proposal(proposal)          # "The dog sat on the mat."; doc.undo() brings the cat back
+
+Modules: `core` (`Document`), `base` (its config, atoms and operations), `views` (the read-only snapshots), `edit`,
+`history`, `proposal`, `errors`, `tokenizer` (the tokenizer contract). The bottom layer: imports nothing of
+the project; the engine, the server and the eval import it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ so at most one extra tensor (the one being fused, e.g. q/k/v into one matrix) ex
 tower and `lm_head` (tied to the embeddings) are ignored. Shared weights are read from `model.decoder.*` (where
 transformers saves tied weights) or, failing that, `model.encoder.language_model.*`. Every failure names the file or
 tensor at fault. `save_pretrained` writes the layout transformers' `DiffusionGemmaForBlockDiffusion` loads.
+Loading builds the class it is given (`DiffusionModel.from_pretrained` passes its own; `canvas.model.load_pretrained`
+is the same as a function), so this module never imports `canvas.model.model`, which imports it.
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from canvas.model.config import ModelConfig
-from canvas.model.model import DiffusionModel
-from canvas.sampler import EXTRA_FILE, SamplerConfig, extra_settings
+from canvas.sampling.modes import EXTRA_FILE
+from canvas.sampling.sampler import SamplerConfig, extra_settings
+
+if TYPE_CHECKING:
+    from canvas.model.model import DiffusionModel
+
+Model = TypeVar("Model", bound="DiffusionModel")
 
 
 class WeightsError(ValueError):
@@ -154,24 +162,26 @@ def _hf_names(model: DiffusionModel) -> Iterator[tuple[torch.Tensor, Reader, str
         yield layer.encoder_scalar, _exact(enc, dec), enc
 
 
-def load_pretrained(path: str | Path, *, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> DiffusionModel:
+def load_dir(cls: type[Model], path: str | Path, *, device: torch.device | str = "cpu",
+             dtype: torch.dtype = torch.float32) -> Model:
+    """A `cls` (our `DiffusionModel`) from a model directory."""
     path = Path(path)
     if not path.is_dir():
         raise WeightsError(f"{path}: not a directory")
-    return _fill(read_config(path), _TensorSource(path), device, dtype)
+    return _fill(cls, read_config(path), _TensorSource(path), device, dtype)
 
 
-def load_state_dict_hf(config: ModelConfig, tensors: dict[str, torch.Tensor], *, device: torch.device | str = "cpu",
-                       dtype: torch.dtype = torch.float32) -> DiffusionModel:
-    """Our model from tensors named as in a transformers `DiffusionGemmaForBlockDiffusion.state_dict()`."""
-    return _fill(config, _DictSource(tensors), device, dtype)
+def load_tensors(cls: type[Model], config: ModelConfig, tensors: dict[str, torch.Tensor], *,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Model:
+    """A `cls` from tensors named as in a transformers `DiffusionGemmaForBlockDiffusion.state_dict()`."""
+    return _fill(cls, config, _DictSource(tensors), device, dtype)
 
 
-def _fill(cfg: ModelConfig, src: _TensorSource, device: torch.device | str, dtype: torch.dtype) -> DiffusionModel:
+def _fill(cls: type[Model], cfg: ModelConfig, src: _TensorSource, device: torch.device | str,
+          dtype: torch.dtype) -> Model:
     # Built on the target device without random init: every tensor is overwritten below.
     with torch.device(device):
-        model = DiffusionModel(cfg, init=False).to(dtype=dtype)
+        model = cls(cfg, init=False).to(dtype=dtype)
     with torch.no_grad():
         for dest, read, name in _hf_names(model):
             t = read(src)
@@ -185,7 +195,7 @@ def _fill(cfg: ModelConfig, src: _TensorSource, device: torch.device | str, dtyp
 
 def save_pretrained(model: DiffusionModel, path: str | Path, *, sampler: SamplerConfig | None = None) -> None:
     """Write config.json, generation_config.json and model.safetensors in the transformers layout, and our sampler
-    settings that transformers has no key for in `canvas.sampler.EXTRA_FILE`.
+    settings that transformers has no key for in `canvas.sampling.sampler.EXTRA_FILE`.
 
     `sampler` is the model's own sampler defaults for generation_config.json (the reference defaults if None)."""
     path = Path(path)

@@ -29,13 +29,14 @@ from torch import Tensor, nn
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
 from canvas.model.int8 import DECODE_ROWS
+from canvas.model.io import load_dir, save_pretrained
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
 from kernels.soft_embed import soft_embedding
 
 if TYPE_CHECKING:
     from canvas.model.int8 import Int8Linear, Scheme
-    from canvas.sampler import SamplerConfig
+    from canvas.sampling.sampler import SamplerConfig
 
 # Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
 # writes its cache here, `denoise` reads it, the training objective keeps graph-connected K/V.
@@ -230,14 +231,10 @@ class DiffusionModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str, *, device: torch.device | str = "cpu",
                         dtype: torch.dtype = torch.float32) -> DiffusionModel:
-        from canvas.model.io import load_pretrained
-
-        return load_pretrained(path, device=device, dtype=dtype)
+        return load_dir(cls, path, device=device, dtype=dtype)
 
     def save_pretrained(self, path: str, *, sampler: SamplerConfig | None = None) -> None:
         """Weights and config in the transformers layout, `sampler` as the model's defaults (see `canvas.model.io`)."""
-        from canvas.model.io import save_pretrained
-
         save_pretrained(self, path, sampler=sampler)
 
     @property

@@ -12,7 +12,9 @@ Invariants:
 - Offsets are character offsets into the document text (Python `str` indices); ranges are half-open `[start, end)`.
 
 Modules: `base` (limits, error codes, the pydantic base), `messages` (every message model), `wire` (errors,
-parsing, encoding, schema). Import from `canvas.protocol`: the names below are the protocol's API.
+parsing, encoding, schema), `client` (an async Python client over websockets). Import from `canvas.protocol`: the
+names below are the protocol's API. The bottom layer: imports nothing of the project but `canvas.__version__`;
+the server, the TUI, the soak and load benchmarks import it.
 
 `dcanvas schema` prints `json_schema()`; the server serves the same document at `GET /schema`. The protocol is
 written up for plugin authors in docs/protocol.md.

@@ -287,7 +287,7 @@ class ModelInfo(_Model):
     # A server that predates default modes sends none: it ran diffusion when a request named no mode.
     default_modes: DefaultModes = Field(default_factory=DefaultModes)
     # How to name a mode or what wrote a text (`gen.done.stats.mode`) to a user: "default" (no mode named),
-    # "diffusion", "ar", "ar-infill" -> label (`canvas.modes.LABELS`). Empty from servers that predate it.
+    # "diffusion", "ar", "ar-infill" -> label (`canvas.sampling.modes.LABELS`). Empty from servers that predate it.
     labels: dict[Annotated[str, Field(max_length=32)], Annotated[str, Field(max_length=200)]] = Field(
         default_factory=dict, max_length=32)
     # A server that predates model defaults sends none: it used the reference defaults.

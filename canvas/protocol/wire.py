@@ -63,7 +63,7 @@ class ProtocolError(Exception):
 # The one place that maps domain exceptions to codes. Keys are `module.QualName` so that this module stays light
 # (importing it must not import torch); the lookup walks the exception's MRO, so subclasses inherit their code.
 EXCEPTION_CODES: dict[str, ErrorCode] = {
-    "canvas.store.DocumentNotFound": ErrorCode.NOT_FOUND,
+    "canvas.store.base.DocumentNotFound": ErrorCode.NOT_FOUND,
     "canvas.document.errors.RangeError": ErrorCode.INVALID_PARAMS,
     "canvas.document.errors.TokenizationError": ErrorCode.INVALID_PARAMS,
     "canvas.document.errors.WindowError": ErrorCode.CONFLICT,

@@ -2,10 +2,15 @@
 
 A Starlette app on uvicorn (`app`): the web client at `/`, `/health`, `/schema`, and the websocket `/ws` that
 speaks dcanvas/1 (docs/protocol.md). Modules: `config` (ServerConfig), `security` (bind/token policy, Origin,
-rate limits), `backend` (model + engine + tokenizer), `state` (sessions, live documents), `hub` (request handlers),
-`gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept, reject),
-`persist` (change logs and proposals in the store: SQLite, or PostgreSQL shared by several servers), `outbox`
-(per-connection sending with latest-wins progress), `rebase` (versions).
+rate limits), `state` (sessions, live documents), `hub` (request handlers), `hub_port` (what the hub's parts may use
+of it), `gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept,
+reject), `peers` (other server processes on a shared store), `persist` (change logs and proposals in the store:
+SQLite, or PostgreSQL shared by several servers), `outbox` (per-connection sending with latest-wins progress),
+`rebase` (versions), `faults` (injected faults for the soak), `embedded` (a server in a thread, for the TUI),
+`http/` (the OpenAI-compatible and llama.cpp routes). What it serves with is `canvas.engine.backend`.
+
+Imports the engine, the store, the protocol and the document (and `canvas.cluster` with `--ray`), never the eval,
+the benchmarks or the UI; the TUI, the soak, the cluster and the CLI import it.
 
 This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
 """
@@ -86,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
     from canvas.server.admission import AdmissionConfig
     from canvas.server.config import TOKEN_ENV, ServerConfig
     from canvas.server.embedded import uvicorn_options
-    from canvas.store import StoreError, describe
+    from canvas.store.base import StoreError, describe
 
     fields: dict[str, Any] = {
         "host": args.host,
@@ -134,8 +139,8 @@ def _serve_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     import uvicorn
 
     from canvas.cluster.deploy import Cluster, ClusterConfig
-    from canvas.model_resolve import resolve_model
-    from canvas.server.backend import load_frontend
+    from canvas.convert.resolve import resolve_model
+    from canvas.engine.backend import load_frontend
     from canvas.server.embedded import uvicorn_options
 
     model_dir = resolve_model(config.model_dir).path

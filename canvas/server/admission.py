@@ -6,26 +6,25 @@ refusal, rendered as the retryable `busy` error on the websocket and as HTTP 429
 (what the handlers call, `submit_async`: this module's `Admission`, or `canvas.cluster.remote.RemoteAdmission`
 when the engine runs as Ray Serve replicas, each with its own `Admission`).
 
-The rule: a request that would wait for more than `max_queue` engine rows to free up before it starts is refused,
-with the queue's length, the wait it would have had and when to retry. The queue is `canvas.scheduling.FairQueue`,
-one lane per owner (a session, an HTTP client) served round-robin, so a position counts each other owner's next
-request before an owner's own second one: when the queue is full, a session's extra requests are the ones refused,
-never another session's first. Waits come from what the engine measures (`EngineLoad.release_times`): its step time,
-how long generations hold a row, and how far each running row has got. `max_queue` None (the default) sizes the
-bound from the same measurements: it is the number of rows expected to free up within `wait_factor` times a
-generation's own first-frame time (from leaving the queue to its first frame). It may be 0: then only a request that
-finds a free row gets in. A row whose generation was cancelled counts as free (the engine retires it at its next
-step, before it admits anyone): an HTTP response cut early (a stop sequence, a deadline) is answered a step before
-its row leaves, and its client's next request must not be refused for that row. The bound follows the load: when
-steps slow down (a bigger batch, another process on the cores) it shrinks. Why half an own first frame and not the 2
-that the goal "first frame within 3x its own" suggests: an estimate is a mean, and rows stop when their entropy
-settles, so the real waits scatter far above it (bench load, 50 sessions: waits estimated at 40 ms took up to 440
-ms). Allowing 1 or 2 own first frames put the p99 first frame at 8-10x the idle one; half of one queues little more
-than what is about to start. A floor of 1 waiting request (a freed row taken at once instead of idling until a
-refused client comes back) bought ~5% more generations for a p99 first frame 1.5x longer (BENCHMARKS.md), so there
-is none.
+The rule: a request that would wait for more than `max_queue` engine rows to free up before it starts is refused, with
+the queue's length, the wait it would have had and when to retry. The queue is `canvas.engine.scheduling.FairQueue`, one
+lane per owner (a session, an HTTP client) served round-robin, so a position counts each other owner's next request
+before an owner's own second one: when the queue is full, a session's extra requests are the ones refused, never another
+session's first. Waits come from what the engine measures (`EngineLoad.release_times`): its step time, how long
+generations hold a row, and how far each running row has got. `max_queue` None (the default) sizes the bound from the
+same measurements: it is the number of rows expected to free up within `wait_factor` times a generation's own
+first-frame time (from leaving the queue to its first frame). It may be 0: then only a request that finds a free row
+gets in. A row whose generation was cancelled counts as free (the engine retires it at its next step, before it admits
+anyone): an HTTP response cut early (a stop sequence, a deadline) is answered a step before its row leaves, and its
+client's next request must not be refused for that row. The bound follows the load: when steps slow down (a bigger
+batch, another process on the cores) it shrinks. Why half an own first frame and not the 2 that the goal "first frame
+within 3x its own" suggests: an estimate is a mean, and rows stop when their entropy settles, so the real waits scatter
+far above it (bench load, 50 sessions: waits estimated at 40 ms took up to 440 ms). Allowing 1 or 2 own first frames put
+the p99 first frame at 8-10x the idle one; half of one queues little more than what is about to start. A floor of 1
+waiting request (a freed row taken at once instead of idling until a refused client comes back) bought ~5% more
+generations for a p99 first frame 1.5x longer (BENCHMARKS.md), so there is none.
 
-The rows themselves are capped too (`AdmissionConfig.first_frame_slo`, `canvas.scheduling.RowCap`): each request
+The rows themselves are capped too (`AdmissionConfig.first_frame_slo`, `canvas.engine.scheduling.RowCap`): each request
 first lets the cap follow the engine's measured own first frame against the fastest recent first frame alone, a row
 more or less, so that on a few CPU cores a full batch does not slow every admitted generation's start (bench load,
 2 cores: 3.1x the idle first frame at p99 with 8 rows, 2.0x with 4). On a GPU, where rows cost little, it stays at
@@ -46,11 +45,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from canvas.engine.scheduling import EngineLoad, Placement, RowCap
 from canvas.protocol import ErrorCode, ProtocolError
-from canvas.scheduling import EngineLoad, Placement, RowCap
 
 if TYPE_CHECKING:  # the engine imports torch; ServerConfig imports this module and must stay light
-    from canvas.engine import Engine, Event, GenHandle, GenRequest
+    from canvas.engine.core import Engine, Event, GenHandle, GenRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +62,7 @@ class AdmissionConfig:
     contention_s: float = 5.0  # a refused owner keeps its place outside for this long after its last refusal
     max_retry_s: float = 30.0  # the longest retry_after_s given
     # Rows run side by side are capped so a generation's own first frame stays within this many times its first
-    # frame alone (`canvas.scheduling.RowCap`); None: always max_batch rows.
+    # frame alone (`canvas.engine.scheduling.RowCap`); None: always max_batch rows.
     first_frame_slo: float | None = 2.5
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """The Starlette application: `GET /` (the web client), `GET /health`, `GET /schema`, `WS /ws`, and the HTTP text
-generation routes of `canvas.server.http_api` (OpenAI-compatible `/v1/...`, llama.cpp's `/infill`).
+generation routes of `canvas.server.http.core` (OpenAI-compatible `/v1/...`, llama.cpp's `/infill`).
 
 Owns the websocket endpoint: the checks made before `accept()` (Origin allow-list, session count: a refusal is an
 HTTP 403), then per connection a reader (rate limit, parse, `Hub.handle`) and a sender (`Outbox.run`) running side
@@ -28,18 +28,20 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from canvas import __version__
+from canvas.engine.backend import Backend, load_backend
 from canvas.protocol import PROTOCOL, ErrorCode, ProtocolError, json_schema, parse_client_message
 from canvas.server.admission import Admission, Admits
-from canvas.server.backend import Backend, load_backend
 from canvas.server.config import ServerConfig
 from canvas.server.faults import from_env
-from canvas.server.http_api import HttpApi
+from canvas.server.http import routes as http_routes
+from canvas.server.http.core import HttpApi
 from canvas.server.hub import Hub
 from canvas.server.lag import LoopLag
 from canvas.server.outbox import Outbox
 from canvas.server.security import origin_allowed, subprotocol_tokens
 from canvas.server.state import Session
-from canvas.store import DocStore, open_store
+from canvas.store import open_store
+from canvas.store.base import DocStore
 
 log = logging.getLogger("canvas.server")
 SUBPROTOCOL = "dcanvas.v1"
@@ -48,11 +50,11 @@ SUBPROTOCOL = "dcanvas.v1"
 def create_app(config: ServerConfig, backend: Backend | None = None, store: DocStore | None = None,
                admission: Admits | None = None) -> Starlette:
     """The app for `config`. Without `backend`, the model in `config.model_dir` is loaded (None: the one
-    `canvas.model_resolve` chooses, as every command does).
+    `canvas.convert.resolve` chooses, as every command does).
     `admission`: where generations go instead of the backend's engine (`canvas.cluster.remote.RemoteAdmission`:
     Ray Serve replicas); the backend then needs no engine, and the server starts none."""
     if backend is None:
-        from canvas.model_resolve import resolve_model
+        from canvas.convert.resolve import resolve_model
 
         model_dir = resolve_model(config.model_dir).path  # raises ModelUnavailable (a FileNotFoundError)
         backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
@@ -112,7 +114,7 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
         Route("/health", health),
         Route("/schema", schema_route),
         WebSocketRoute("/ws", ws_route),
-        *api.routes(),
+        *http_routes(api),
     ]
     web = Path(config.web_dir)
     if web.is_dir():

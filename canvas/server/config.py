@@ -34,7 +34,7 @@ class ServerConfig:
     origins: tuple[str, ...] = ()  # browser origins allowed besides the server's own pages
     hosts: tuple[str, ...] = ()  # extra Host headers to serve on loopback (e.g. a reverse proxy's name)
     web_dir: str = str(DEFAULT_WEB_DIR)
-    model_dir: str | None = None  # None: the default model (canvas.model_resolve: built Gemma, else canvas-6m)
+    model_dir: str | None = None  # None: the default model (canvas.convert.resolve: built Gemma, else canvas-6m)
     limits: ServerLimits = field(default_factory=ServerLimits)
     max_batch: int = 8  # generations the engine runs in one batched step
     threads: int | None = None  # torch intra-op threads; None: the physical cores this process may use

@@ -19,9 +19,9 @@ from typing import Any
 
 import uvicorn
 
+from canvas.engine.backend import Backend
 from canvas.protocol import ServerLimits
 from canvas.server.app import create_app
-from canvas.server.backend import Backend
 from canvas.server.config import ServerConfig
 
 

@@ -23,7 +23,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from canvas.store import DocRecord, DocStore, EditRecord, Positions, ProposalRecord, SharedStore, Store
+from canvas.store.base import DocRecord, DocStore, EditRecord, Positions, ProposalRecord, SharedStore
+from canvas.store.sqlite import Store
 
 FAULTS_ENV = "DCANVAS_STORE_FAULTS"
 MODES = ("off", "error", "full")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from canvas.document import Document, DocumentError
-from canvas.engine import Done, Frame, GenHandle
+from canvas.engine.core import Done, Frame, GenHandle
 from canvas.protocol import (
     Ack,
     DiffSegment,
@@ -43,14 +43,14 @@ from canvas.protocol import (
     ProtocolError,
     SlotUpdate,
 )
-from canvas.sampler import Mode, SamplerConfig
+from canvas.sampling.sampler import Mode, SamplerConfig
 from canvas.server.admission import Busy
 from canvas.server.persist import write_failed
 from canvas.server.rebase import Change, conflicts, rebase_range
 from canvas.server.state import LiveDoc, PendingProposal, RecentOutcomes, Session
 
 if TYPE_CHECKING:
-    from canvas.server.hub import Hub
+    from canvas.server.hub_port import HubPort
 
 log = logging.getLogger("canvas.server")
 
@@ -104,7 +104,7 @@ class Run:
 
 
 class Generations:
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: HubPort) -> None:
         self.hub = hub
         self.runs: dict[str, Run] = {}
         self.outcomes = RecentOutcomes()
@@ -340,7 +340,7 @@ class Generations:
         run.session.send(msg if message is None else msg.model_copy(update={"message": message}))
         if was_current:
             self.hub.broadcast(live)
-        self.hub._maybe_unload(live)
+        self.hub.maybe_unload(live)
 
     async def shutdown(self) -> None:
         tasks = [r.task for r in self.runs.values() if r.task is not None]

@@ -14,7 +14,7 @@ Invariants:
   rebased over those changes or refused with `stale_version`. A change that overlaps a running generation's region
   stops it (`stale`); one that overlaps a pending proposal makes accepting it fail with `stale_version`.
 - The engine never waits on a session: generations report through their session's `Outbox`.
-- With a store that several server processes share (`canvas.store.SharedStore`: PostgreSQL), `locked` also takes
+- With a store that several server processes share (`canvas.store.base.SharedStore`: PostgreSQL), `locked` also takes
   the document's cross-process lock and, when another process has written the document since this one read it,
   brings the `LiveDoc` up to date in place first (`canvas.server.peers`). So versions stay monotonic and edits
   serialised per document across processes, and each request acts on the latest state.
@@ -31,7 +31,7 @@ from typing import Any
 
 from canvas import __version__
 from canvas.document import Document, InsertGap, Mask, MoveWindow, Op, Pin, Replace, Unmask, Unpin
-from canvas.modes import LABELS
+from canvas.engine.backend import Backend
 from canvas.protocol import (
     PROTOCOL,
     Ack,
@@ -71,8 +71,8 @@ from canvas.protocol import (
     Window,
     error_for_exception,
 )
+from canvas.sampling.modes import LABELS
 from canvas.server.admission import Admission, Admits
-from canvas.server.backend import Backend
 from canvas.server.gens import Generations
 from canvas.server.peers import Peers
 from canvas.server.persist import encode_change, load_live, positions, unavailable, write_failed
@@ -80,7 +80,7 @@ from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
 from canvas.server.security import authorized
 from canvas.server.state import LiveDoc, Session, snapshot
-from canvas.store import DocStore, DocumentNotFound
+from canvas.store.base import DocStore, DocumentNotFound
 
 log = logging.getLogger("canvas.server")
 __all__ = ["Hub", "compose", "to_doc_op"]  # compose lives in canvas.server.proposals; importing it here still works
@@ -151,7 +151,7 @@ class Hub:
             live = self.docs.get(doc_id)
             if live is not None:  # its proposals stay: it may come back (or anyone may settle them now)
                 live.subscribers.discard(session)
-                self._maybe_unload(live)
+                self.maybe_unload(live)
         session.docs.clear()
 
     async def handle(self, session: Session, msg: ClientRequest) -> None:
@@ -218,7 +218,7 @@ class Hub:
                     yield live
                     return
 
-    def _maybe_unload(self, live: LiveDoc) -> None:
+    def maybe_unload(self, live: LiveDoc) -> None:
         # Pending proposals do not keep a document in memory: they are in the store and load with it.
         if not live.subscribers and live.run is None and self.docs.get(live.doc_id) is live:
             del self.docs[live.doc_id]
@@ -368,7 +368,7 @@ class Hub:
         live = self.docs.get(msg.doc_id)
         if live is not None:
             live.subscribers.discard(session)
-            self._maybe_unload(live)
+            self.maybe_unload(live)
         return Ack()
 
     async def _doc_delete(self, session: Session, msg: DocDelete) -> DocDeleted:
@@ -386,9 +386,9 @@ class Hub:
                     data={"current_v": v},
                 )
             await asyncio.to_thread(self.store.delete, live.doc_id)
-            return self._forget(live, session)
+            return self.forget(live, session)
 
-    def _forget(self, live: LiveDoc, by: Session | None = None) -> DocDeleted:
+    def forget(self, live: LiveDoc, by: Session | None = None) -> DocDeleted:
         """A deleted document leaves memory: its generation is cancelled, its proposals settled as `deleted`, and
         every session that had it open (but `by`, which gets the reply) is told and no longer has it open."""
         # From here on nothing may touch it: requests waiting for the lock find it unloaded and then not found.

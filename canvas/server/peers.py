@@ -11,7 +11,7 @@ Invariants:
   monotonic and edits serialised per document across processes, and a save never races another's.
 - `refresh` changes the `LiveDoc` in place (the same object, lock and subscribers): a running generation moves over
   the other process's changes or stops as `stale`, exactly as for a change made here, and subscribers get the new
-  state. A document another process deleted leaves memory as if deleted here (`Hub._forget`).
+  state. A document another process deleted leaves memory as if deleted here (`Hub.forget`).
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING
 from canvas.protocol import ErrorCode, ProtocolError
 from canvas.server.persist import load_live
 from canvas.server.state import LiveDoc
-from canvas.store import DocumentNotFound, SharedStore
+from canvas.store.base import DocumentNotFound, SharedStore
 
 if TYPE_CHECKING:
-    from canvas.server.hub import Hub
+    from canvas.server.hub_port import HubPort
 
 log = logging.getLogger("canvas.server")
 LOCK_WAIT_S = 10.0  # how long a request waits for another server process to release a document
 
 
 class Peers:
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: HubPort) -> None:
         self.hub = hub
         self.shared: SharedStore | None = hub.store if isinstance(hub.store, SharedStore) else None
         self._catching_up: set[str] = set()  # documents with a catch-up task pending
@@ -48,7 +48,7 @@ class Peers:
         if shared is None:
             yield
             return
-        # Only ever tried (canvas.store_pg): waiting on the connection would stall this process's other documents.
+        # Only ever tried (canvas.store.pg): waiting on the connection would stall this process's other documents.
         delay, waited = 0.002, 0.0
         while not await asyncio.to_thread(shared.try_lock, live.doc_id):
             if waited > LOCK_WAIT_S:
@@ -70,7 +70,7 @@ class Peers:
         try:
             fresh = await asyncio.to_thread(load_live, hub.store, live.doc_id, hub.backend.tokenizer)
         except DocumentNotFound:
-            hub._forget(live)
+            hub.forget(live)
             return
         changes = fresh.log.since(old.version) if fresh.doc.version >= old.version else None
         live.doc, live.name, live.snap, live.log = fresh.doc, fresh.name, fresh.snap, fresh.log

@@ -24,7 +24,7 @@ from canvas.document import Document, StateError, TextTokenizer, proposal_from_j
 from canvas.protocol import ErrorCode, ProtocolError
 from canvas.server.rebase import Change, ChangeLog
 from canvas.server.state import LiveDoc, PendingProposal, snapshot
-from canvas.store import DocStore, EditRecord, Positions
+from canvas.store.base import DocStore, EditRecord, Positions
 
 LOG_LENGTH = 256  # changes a document remembers for rebasing (docs/protocol.md says 256)
 _STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})

@@ -21,13 +21,13 @@ from canvas.protocol import Ack, DocState, ErrorCode, ProposalAccept, ProposalRe
 from canvas.server.state import LiveDoc, PendingProposal, Session
 
 if TYPE_CHECKING:
-    from canvas.server.hub import Hub
+    from canvas.server.hub_port import HubPort
 
 MAX_PENDING = 32  # pending proposals per document; a new one beyond it expires the oldest
 
 
 class Proposals:
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: HubPort) -> None:
         self.hub = hub
 
     async def add(self, live: LiveDoc, p: PendingProposal) -> None:
@@ -91,7 +91,7 @@ class Proposals:
         # open, so let it go again.
         live = self.hub.docs.get(doc_id)
         if live is not None:
-            self.hub._maybe_unload(live)
+            self.hub.maybe_unload(live)
 
     async def _settle(self, live: LiveDoc, gen: str, outcome: str) -> None:
         """Settle a proposal without an edit (the caller holds the document's lock)."""

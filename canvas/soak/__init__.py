@@ -5,4 +5,5 @@ Modules: `schedule` (the fault classes and when each fires), `server` (the serve
 restart, resource samples), `writers` (the clients, each the only writer of its document, journalling every
 answer), `actors` (the faults that are clients: a drop mid-generation, a client that never reads, a burst over
 the queue bound), `checker` (the invariants), `run` (the command: wires them together and prints the report).
+The top layer: imports the protocol client, the store and `canvas.server.faults`; `canvas.bench` registers it.
 """

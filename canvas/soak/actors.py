@@ -18,8 +18,8 @@ from typing import Any
 
 from websockets.asyncio.client import connect as ws_connect
 
-from canvas.client import ConnectionLost, DcanvasClient, Generation
 from canvas.protocol import ErrorCode, GenProgress, MaskOp, ProtocolError
+from canvas.protocol.client import ConnectionLost, DcanvasClient, Generation
 
 TEXT = "A long road ran past the old mill, over the bridge and up the hill to the farm."
 LONG = {"max_steps": 256, "entropy_bound": 1e-6}  # accepts about one slot a step: a generation that runs long

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from canvas.soak.actors import ActorLog
 from canvas.soak.writers import MARKER, Known, WriterLog
-from canvas.store import DocStore
+from canvas.store.base import DocStore
 
 KILL_SLACK_S = 2.0  # a client notices a killed server a little after the kill
 CHANGES = ("replace", "pin", "mask", "unmask", "undo", "redo", "accept")  # in-flight kinds that change the document

@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canvas.client import DcanvasClient
+from canvas.protocol.client import DcanvasClient
 from canvas.server.faults import write_control
 from canvas.soak.actors import Actors
 from canvas.soak.checker import check_actors, check_final, check_store, check_writer
 from canvas.soak.schedule import FAULTS, Fault, draw, parse_faults
 from canvas.soak.server import ServerArgs, ServerProc, open_fds, rss_mib
 from canvas.soak.writers import Known, Writer, WriterLog
-from canvas.store import Store
+from canvas.store.sqlite import Store
 
 SAMPLE_S = 2.0
 FLAT = 0.10  # RSS and descriptors may grow by this share after warm-up

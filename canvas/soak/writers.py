@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from canvas.client import ConnectionLost, DcanvasClient, Generation
 from canvas.protocol import DocState, ErrorCode, GenProgress, MaskOp, PinOp, ProtocolError, ReplaceOp
+from canvas.protocol.client import ConnectionLost, DcanvasClient, Generation
 
 # Closed at both ends: a generation that rewrites the text beside a marker cannot extend it into another one.
 MARKER = re.compile(r"#w\d+e\d+#")

@@ -5,7 +5,7 @@ Stages (all by default, `--stages` picks some):
    repeated paragraphs and too-short documents, split documents into train/validation by a hash of
    `(seed, document id)`, and write `<out>/{train,valid}.jsonl` (one `{"id", "source", "text"}` per line) and
    `<out>/manifest.json` (sources, packages and versions, licences, per-split docs/chars/words, file hashes).
-2. `tokenizer`: train the byte-level BPE (`canvas.training.tokenizer`) on the train split into `--tokenizer-out`.
+2. `tokenizer`: train the byte-level BPE (`canvas.model.tokenizer`) on the train split into `--tokenizer-out`.
 3. `tokens`: write the flat token arrays (`canvas.training.tokens`) into `--tokens-out`.
 
 Invariants: the same packages and seed give byte-identical outputs (no timestamps, fixed orders); a document is
@@ -175,7 +175,7 @@ def build_corpus(out_dir: Path, cache_dir: Path, config: CorpusConfig) -> dict[s
 
 def build_tokenizer(corpus_dir: Path, out_dir: Path, *, vocab_size: int) -> dict[str, int]:
     """Stage 2: train the tokenizer on the train split only (the validation split stays unseen)."""
-    from canvas.training.tokenizer import iter_texts, save_tokenizer, special_ids, train_tokenizer
+    from canvas.model.tokenizer import iter_texts, save_tokenizer, special_ids, train_tokenizer
 
     train = corpus_dir / "train.jsonl"
     if not train.exists():

@@ -61,7 +61,7 @@ class FimTokens:
 
 def fim_tokens(tokenizer: Any) -> FimTokens:
     """The FIM ids of an HF tokenizer or a raw `tokenizers.Tokenizer`; raises `FimUnavailable` when any is missing."""
-    from canvas.training.tokenizer import special_ids
+    from canvas.model.tokenizer import special_ids
 
     if isinstance(tokenizer, FimTokens):
         return tokenizer

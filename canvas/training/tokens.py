@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from canvas.training.tokenizer import iter_texts, load_tokenizer, special_ids
+from canvas.model.tokenizer import iter_texts, load_tokenizer, special_ids
 
 SPLITS = ("train", "valid")
 

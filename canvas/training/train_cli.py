@@ -10,36 +10,14 @@ import argparse
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from canvas.model import DiffusionModel
 from canvas.training.fim_train import FimTrainConfig
 from canvas.training.tokens import file_sha256
 from canvas.training.train import MODEL_SHAPES, TrainConfig, Trainer
-
-
-def measure_decoder_ms(model: DiffusionModel, *, prefix: int = 64, reps: int = 20) -> dict[str, float]:
-    """Wall time of one decoder step on a 256-token canvas, batch 1, with self-conditioning logits (ms)."""
-    cfg = model.config
-    model.eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        _, cache = model.encode(torch.randint(0, cfg.vocab_size, (1, prefix), generator=g))
-        canvas = torch.randint(0, cfg.vocab_size, (1, cfg.canvas_length), generator=g)
-        sc = torch.randn(1, cfg.canvas_length, cfg.vocab_size, generator=g)
-        model.denoise(canvas, cache, sc)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            model.denoise(canvas, cache, sc)
-            times.append(time.perf_counter() - t0)
-    times.sort()
-    return {"min_ms": 1e3 * times[0], "median_ms": 1e3 * times[len(times) // 2], "threads": torch.get_num_threads()}
-
 
 _OVERRIDES = (
     "model", "tokens_dir", "tokenizer_dir", "corpus_dir", "seed", "batch_size", "lr", "warmup_steps", "max_steps",
@@ -128,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         state = trainer.state
         console.print(f"warm start from {args.init} at step {state.step} ({state.tokens_seen:,} tokens)")
     if args.bench:
+        from canvas.training.export import measure_decoder_ms
+
         n = sum(p.numel() for p in trainer.model.parameters())
         console.print(f"{cfg.model}: {n / 1e6:.2f}M parameters; decoder step {measure_decoder_ms(trainer.model)}")
         return 0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from canvas.generate_cli import parse_masks
-from canvas.server.backend import write_tiny_checkpoint
+from canvas.engine.backend import write_tiny_checkpoint
+from canvas.engine.generate_cli import parse_masks
 
 
 @pytest.fixture(scope="module")

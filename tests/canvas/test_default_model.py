@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from canvas.engine.backend import default_model_dir
 from canvas.model import DiffusionModel
-from canvas.server.backend import default_model_dir
-from canvas.training.tokenizer import load_tokenizer, special_ids
+from canvas.model.tokenizer import load_tokenizer, special_ids
 
 MODEL = default_model_dir()
 pytestmark = pytest.mark.skipif(MODEL is None, reason="no default model installed under canvas/assets/")

@@ -14,10 +14,10 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from canvas.engine.backend import Backend
 from canvas.server.app import create_app
-from canvas.server.backend import Backend
 from canvas.server.config import ServerConfig
-from canvas.store import Store
+from canvas.store.sqlite import Store
 
 TEXT = "The cat sat on the mat. It was a warm day."
 SLOW: dict[str, Any] = {"max_steps": 256, "entropy_bound": 1e-6}  # accepts ~1 slot a step: a generation that runs long

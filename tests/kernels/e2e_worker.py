@@ -8,9 +8,9 @@ import sys
 
 import torch
 
-from canvas.generate import generate_static
+from canvas.engine.generate import generate_static
 from canvas.model import PRESETS, DiffusionModel
-from canvas.sampler import ReferenceNoise, SamplerConfig
+from canvas.sampling.sampler import ReferenceNoise, SamplerConfig
 
 
 def outputs() -> dict[str, torch.Tensor]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from canvas.engine.backend import write_tiny_checkpoint
 from canvas.model import DiffusionModel
-from canvas.server.backend import write_tiny_checkpoint
 from canvas.server.embedded import EmbeddedServer
 
 

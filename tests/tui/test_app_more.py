@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from canvas.client import DcanvasClient
 from canvas.protocol import ReplaceOp
+from canvas.protocol.client import DcanvasClient
 from tests.tui.helpers import make_app, settings_file, wait_until
 from tests.tui.scenes import app_for, frame, generating
 from tui.app import DcanvasApp

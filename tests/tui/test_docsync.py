@@ -7,8 +7,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from canvas.client import DcanvasClient
 from canvas.protocol import ReplaceOp
+from canvas.protocol.client import DcanvasClient
 from tui.docsync import DocSync, TextChange, merge_remote, shift_span, text_change
 
 texts = st.text(alphabet="ab \n", max_size=30)

@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.binding import Binding
 
 from tests.tui.scenes import app_for, opened, proposal_shown
-from tui import keys
+from tui import keydoc, keys
 from tui.app import DcanvasApp
 from tui.screens.main import MainScreen
 from tui.widgets.canvas_view import CanvasView
@@ -61,7 +61,7 @@ def test_docs_key_table_matches_the_code() -> None:
     start, end = "<!-- keys:start -->\n", "<!-- keys:end -->"
     assert start in text and end in text, "docs/tui.md lost its key table markers"
     table = text.split(start, 1)[1].split(end, 1)[0]
-    assert table.strip() == keys.markdown().strip(), "regenerate the table with `python -m tui.keys`"
+    assert table.strip() == keydoc.markdown().strip(), "regenerate the table with `python -m tui.keydoc`"
 
 
 def test_every_binding_has_an_action() -> None:
@@ -79,5 +79,5 @@ def test_every_binding_has_an_action() -> None:
             assert callable(getattr(target, f"action_{name}", None)), f"{owner.__name__}: {b.key} -> {b.action}"
     for b in Binding.make_bindings(MainScreen.BINDINGS):
         assert b.action in MainScreen.ACTION_PHASES, f"{b.action} has no phase rule"
-    rows = [row for _, table in keys.sections() for row in table]
+    rows = [row for _, table in keys.sections(DcanvasApp) for row in table]
     assert len(rows) > 40 and all(k and what for k, what in rows)

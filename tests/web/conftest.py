@@ -113,8 +113,8 @@ def chromium_launch() -> dict[str, Any]:
 def web_server(tmp_path_factory: pytest.TempPathFactory, chromium_launch: dict[str, Any]) -> Iterator[ServeProcess]:
     """A real server with a random-weight tiny model (canvas of 32 slots), or the model directory named by
     `$DCANVAS_WEB_MODEL` (e.g. the embedded default model), and a fresh document store."""
-    from canvas.modes import write_extra
-    from canvas.server.backend import write_tiny_checkpoint
+    from canvas.engine.backend import write_tiny_checkpoint
+    from canvas.sampling.modes import write_extra
 
     chosen = os.environ.get("DCANVAS_WEB_MODEL")
     model = Path(chosen) if chosen else write_tiny_checkpoint(tmp_path_factory.mktemp("web-model"))

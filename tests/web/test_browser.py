@@ -1,7 +1,7 @@
 """The web client in a real browser (headless Chromium) against a real `dcanvas serve` with a tiny random model.
 
 - mask a span selected with the mouse, generate, watch at least three intermediate grid states, replay a frame,
-  accept, check the server's document over a websocket of our own (`canvas.client`), undo with the keyboard;
+  accept, check the server's document over a websocket of our own (`canvas.protocol.client`), undo with the keyboard;
 - a protocol error shows a banner; another session's edit arrives as a broadcast; a dropped socket reconnects;
 - side by side (diffusion and AR) on a narrow window, driven from the keyboard, with no horizontal scrolling;
 - a document deleted by another session, or from the page, leaves it.
@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from canvas.client import DcanvasClient
 from canvas.protocol import DocState, ReplaceOp
-from canvas.sampler import load_sampler_defaults
+from canvas.protocol.client import DcanvasClient
+from canvas.sampling.sampler import load_sampler_defaults
 from tests.web.conftest import ServeProcess, artifacts_dir
 from tests.web.webfiles import protocol_tables
 

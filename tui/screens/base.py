@@ -21,8 +21,8 @@ from textual import on
 from textual.reactive import reactive
 from textual.screen import Screen
 
-from canvas.client import ConnectionLost
 from canvas.protocol import EditOp, MoveWindowOp, ProtocolError
+from canvas.protocol.client import ConnectionLost
 from tui.docsync import DocSync
 from tui.messages import DocUpdated, Problem
 from tui.widgets.canvas_view import CanvasView

@@ -15,9 +15,9 @@ from typing import ClassVar
 from textual import on, work
 from textual.binding import Binding, BindingType
 
-from canvas.client import ConnectionLost, Generation
-from canvas.modes import Kind, request_kind
 from canvas.protocol import DocState, EditOp, GenParams, GenProgress, InsertGapOp, MaskOp, ProtocolError
+from canvas.protocol.client import ConnectionLost, Generation
+from canvas.sampling.modes import Kind, request_kind
 from tui.live import LiveCanvas, ProposalView
 from tui.messages import DocUpdated, GenFinished, GenFrame, GenStarted
 from tui.screens.base import RUNNING, log

@@ -29,7 +29,7 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help-body"):
             yield Static(Text("dcanvas editor — keys    (Esc closes, arrows scroll)", style="bold"), id="help-title")
             yield Static(Text(INTRO), id="help-intro")
-            for title, rows in sections():
+            for title, rows in sections(type(self.app)):
                 table = Table(title=title, title_justify="left", title_style="bold", expand=True, show_edge=False)
                 table.add_column("Keys", ratio=2, no_wrap=False)
                 table.add_column("Action", ratio=5)

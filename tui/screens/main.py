@@ -17,8 +17,8 @@ from textual.binding import Binding, BindingType
 from textual.timer import Timer
 from textual.widgets import Footer, TextArea
 
-from canvas.client import ConnectionLost
 from canvas.protocol import DocState, EditOp, InsertGapOp, MaskOp, MoveWindowOp, PinOp, ProtocolError, UnmaskOp
+from canvas.protocol.client import ConnectionLost
 from tui.docsync import merge_remote, shift_span, text_change
 from tui.messages import Connected, Connecting, Disconnected, DocUpdated, Problem
 from tui.screens.generation import GenerationScreen

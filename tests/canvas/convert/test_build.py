@@ -20,7 +20,7 @@ def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Gemma 3 HF directory with a matching tokenizer (the tiny server model's, 97 ids are not enough)."""
     from transformers import AutoTokenizer
 
-    from canvas.server.backend import write_tiny_checkpoint
+    from canvas.engine.backend import write_tiny_checkpoint
 
     path = tmp_path_factory.mktemp("gemma3")
     tok_dir = write_tiny_checkpoint(tmp_path_factory.mktemp("tok"))

@@ -131,9 +131,9 @@ def test_bf16_agrees_with_fp32_on_a_tiny_random_model() -> None:
 
 
 def test_load_backend_loads_in_the_chosen_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from canvas.engine import GenRequest
-    from canvas.sampler import SamplerConfig
-    from canvas.server.backend import load_backend, write_tiny_checkpoint
+    from canvas.engine.backend import load_backend, write_tiny_checkpoint
+    from canvas.engine.core import GenRequest
+    from canvas.sampling.sampler import SamplerConfig
 
     path = write_tiny_checkpoint(tmp_path / "m")
     monkeypatch.delenv(cpu.ENV_VAR, raising=False)

@@ -141,7 +141,7 @@ def test_int8_decode_needs_an_fp32_model(model: DiffusionModel) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not (REAL / "config.json").is_file(), reason=f"no converted model at {REAL}")
 def test_real_model_decode_steps_greedy_tokens_equal_one_pass_and_int8_stays_close() -> None:
-    from canvas.bench_ar import ArShape, int8_fidelity
+    from canvas.bench.ar import ArShape, int8_fidelity
 
     torch.set_num_threads(1)
     model = DiffusionModel.from_pretrained(str(REAL)).eval()

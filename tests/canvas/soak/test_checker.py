@@ -11,7 +11,7 @@ from canvas.soak.actors import ActorLog
 from canvas.soak.checker import check_actors, check_final, check_store, check_writer, explained
 from canvas.soak.schedule import FAULTS, draw, parse_faults
 from canvas.soak.writers import Known, Step, WriterLog
-from canvas.store import Store
+from canvas.store.sqlite import Store
 
 A = Known(0, "The cat sat.", False, False)
 B = Known(1, "The cat sat. #w0e1#", True, False)

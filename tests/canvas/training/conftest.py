@@ -92,7 +92,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small corpus, its tokenizer (vocab 300) and token arrays: enough for the `tiny` model to train on."""
     import json
 
-    from canvas.training.tokenizer import save_tokenizer, train_tokenizer
+    from canvas.model.tokenizer import save_tokenizer, train_tokenizer
     from canvas.training.tokens import tokenize_corpus
 
     root = tmp_path_factory.mktemp("tiny-data")

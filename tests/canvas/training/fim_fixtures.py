@@ -17,7 +17,7 @@ from canvas.training.fim import SENTINELS
 def make_fim_base(tiny_data: dict[str, Path], root: Path) -> dict[str, Path]:
     from tokenizers import AddedToken, Tokenizer
 
-    from canvas.training.tokenizer import save_tokenizer, special_ids
+    from canvas.model.tokenizer import save_tokenizer, special_ids
     from canvas.training.tokens import tokenize_corpus
     from canvas.training.train import model_config
 

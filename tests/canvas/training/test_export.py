@@ -10,10 +10,10 @@ import torch
 from rich.console import Console
 
 from canvas.model import DiffusionModel
-from canvas.sampler import load_sampler_defaults
+from canvas.model.tokenizer import load_tokenizer, special_ids
+from canvas.sampling.sampler import load_sampler_defaults
 from canvas.training import export as export_mod
 from canvas.training.export import ExportError, export_run
-from canvas.training.tokenizer import load_tokenizer, special_ids
 from canvas.training.train import TrainConfig, Trainer
 
 

@@ -154,7 +154,8 @@ def test_export_then_build_gives_the_trained_models_logits(fim_base: dict[str, P
 
 def test_a_build_without_fim_adapters_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from canvas.convert import build
-    from canvas.sampler import EXTRA_FILE, SamplerConfig, extra_settings, load_sampler_defaults
+    from canvas.sampling.modes import EXTRA_FILE
+    from canvas.sampling.sampler import SamplerConfig, extra_settings, load_sampler_defaults
 
     monkeypatch.setattr(build, "FIM_ADAPTERS", tmp_path / "none")
     fp = build.fingerprint(build.BuildConfig(), "sha")

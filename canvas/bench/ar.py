@@ -1,0 +1,393 @@
+"""`dcanvas bench ar`: the AR pathway's speed (the encoder's one-token step), optionally beside llama.cpp.
+
+    dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--int8 off|weight|dynamic] [--batch 8]
+                     [--prompt 256] [--tokens 32] [--runs 5] [--threads N] [--against-llama LLAMA_BENCH [--gguf FILE]]
+
+Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`: `canvas.model.cpu`'s rule):
+- prefill: `--prompt` tokens through `DiffusionModel.encode` into a fresh static cache, last position's logits;
+- decode at batch 1 and batch `--batch`: `--tokens` greedy steps after that prefix, each one `encode` of (B, 1)
+  ids with the cache plus the argmax of its logits (what the engine's AR step runs at temperature 0);
+- the batch-1 step split: layers (projections, norms, MLP, experts, cache writes), attention over the cache (the
+  SDPA calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler (argmax), and Python /
+  dispatch: the step's wall minus the time torch's profiler attributes to operators (an estimate: the profiler adds
+  a little to both). Layers is what remains of `encode(logits="none")` after attention and Python.
+With int8 decode weights (`--int8`, default `DCANVAS_DECODE_INT8` as the server reads it; fp32 models only; see
+`canvas.model.int8`) the decode figures are the int8 ones, the same without int8 come beside them, and so does the
+int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their top-1 agreement with fp32, the mean
+KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
+What limits the step: `decode_bytes` counts the bytes one batch-1 step must read (weights, int8 where used, one
+expert in K of each layer, the head; plus the KV cache after the prefix), `read_bandwidth` times a sum over a
+256 MB tensor (best of 5, this process's threads): bytes over the step's time, against that, says how near memory
+speed the step runs.
+Every figure is the median of `--runs` runs. `--against-llama PATH` runs that `llama-bench` binary on the GGUF of
+the same weights (`--gguf`, default: the Q4_K_M file `dcanvas model build` joined into its cache) at the same
+thread count and prompt, in the same run, and prints our / its tok/s. llama.cpp is only a yardstick: never a
+dependency; its head is Gemma 3's full vocabulary, ours the model directory's. The last line is one JSON object
+with the machine (CPU kind, flags, torch, git sha); figures from a shared machine read high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
+from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
+from canvas.model.int8 import SCHEMES, Scheme, decode_scheme, quantize_decode
+from canvas.model.io import read_config
+
+SPLIT = ("layers", "attention", "head", "sampler", "python")
+
+
+class LlamaBenchError(RuntimeError):
+    """`llama-bench` could not be run or its output not read (the message says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArShape:
+    prompt: int  # prefix tokens (prefill length)
+    tokens: int  # decode steps a run
+    batch: int  # rows of the batched decode
+    runs: int
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "tokens", "batch", "runs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def _wall_s(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _median_s(fn: Callable[[], object], runs: int) -> float:
+    fn()  # warm-up: first-call packing, allocator, thread pool
+    return statistics.median(_wall_s(fn) for _ in range(runs))
+
+
+def _prefix(model: DiffusionModel, shape: ArShape, batch: int) -> tuple[torch.Tensor, KVCache]:
+    """A prefilled cache of `batch` rows with room for the decode steps, and the first tokens to feed (B, 1)."""
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, model.config.vocab_size, (batch, shape.prompt), generator=g)
+    logits, cache = model.encode(prompt, cache=model.new_cache(batch, shape.prompt + shape.tokens + 1), logits="last")
+    assert logits is not None
+    return logits[:, -1].argmax(-1, keepdim=True), cache
+
+
+def decode_s(model: DiffusionModel, shape: ArShape, batch: int) -> float:
+    """Median seconds of one greedy decode step of `batch` rows (each run: `tokens` steps on a fresh copy of the
+    prefilled cache)."""
+    first, template = _prefix(model, shape, batch)
+
+    def run() -> float:
+        cache = template.grown(template.capacity)  # a private copy: every run decodes after the same prefix
+        tok = first
+        t0 = time.perf_counter()
+        for _ in range(shape.tokens):
+            logits, _ = model.encode(tok, cache=cache, logits="last")
+            assert logits is not None
+            tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        return (time.perf_counter() - t0) / shape.tokens
+
+    run()  # warm-up
+    return statistics.median(run() for _ in range(shape.runs))
+
+
+def prefill_s(model: DiffusionModel, shape: ArShape) -> float:
+    prompt = torch.randint(3, model.config.vocab_size, (1, shape.prompt), generator=torch.Generator().manual_seed(1))
+    return _median_s(lambda: model.encode(prompt, cache=model.new_cache(1, shape.prompt + 1), logits="last"),
+                     shape.runs)
+
+
+def _operator_s(fn: Callable[[], object]) -> float:
+    """Seconds torch's profiler attributes to operators (self time, every aten op) during one call of `fn`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e6
+
+
+def step_split(model: DiffusionModel, shape: ArShape) -> dict[str, float]:
+    """Seconds of one batch-1 step by part (`SPLIT`; see the module docstring for how each is taken)."""
+    first, template = _prefix(model, shape, 1)
+    cfg = model.config
+    steps = shape.tokens
+
+    def encode_steps(cache: KVCache) -> Callable[[], object]:
+        return lambda: [model.encode(first, cache=cache, logits="none") for _ in range(steps)]
+
+    # The encoder's body alone, and the operators' share of it, each over `tokens` steps on a fresh cache copy.
+    encode_steps(template.grown(template.capacity))()  # warm-up
+    body = statistics.median(_wall_s(encode_steps(template.grown(template.capacity))) / steps
+                             for _ in range(shape.runs))
+    ops = statistics.median(_operator_s(encode_steps(template.grown(template.capacity))) / steps
+                            for _ in range(max(1, shape.runs // 2)))
+    # Attention over the cache: each layer's SDPA of one query over its cached keys, as `Attention.attend` calls it.
+    g = torch.Generator().manual_seed(2)
+    calls = []
+    for i, layer in enumerate(model.blocks):
+        keys, values = template.read(i)
+        q = torch.randn(1, layer.attn.n_heads, 1, layer.attn.head_dim, generator=g).to(model.dtype)
+        calls.append((q, keys, values, layer.attn.n_kv != layer.attn.n_heads))
+
+    def attention() -> None:
+        for q, k, v, gqa in calls:
+            F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=gqa)
+
+    h = torch.randn(1, 1, cfg.hidden_size, generator=g).to(model.dtype)
+    quant = model.decode_int8 is not None  # one row: `encode` takes the int8 head when the model has one
+    logits = model.logits(h, quant)[:, -1]  # (1, V)
+    parts = {
+        "attention": _median_s(attention, shape.runs),
+        "head": _median_s(lambda: model.logits(h, quant), shape.runs),
+        "sampler": _median_s(lambda: logits.argmax(-1, keepdim=True), shape.runs),
+        "python": max(0.0, body - ops),
+    }
+    parts["layers"] = max(0.0, body - parts["attention"] - parts["python"])
+    return {k: parts[k] for k in SPLIT}
+
+
+def _teacher_forced(model: DiffusionModel, first: torch.Tensor, template: KVCache, tokens: torch.Tensor | None,
+                    steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (steps, V) of `steps` decode steps after the prefix, fed `tokens` (steps,) or, when None,
+    the greedy ones; and the tokens fed."""
+    cache = template.grown(template.capacity)
+    tok, fed, out = first, [], []
+    for i in range(steps):
+        if tokens is not None:
+            tok = tokens[i].view(1, 1)
+        fed.append(tok.view(()))
+        logits, _ = model.encode(tok, cache=cache, logits="last")
+        assert logits is not None
+        out.append(torch.log_softmax(logits[0, -1], dim=-1))
+        tok = logits[:, -1].argmax(-1, keepdim=True)
+    return torch.stack(out), torch.stack(fed)
+
+
+def int8_fidelity(model: DiffusionModel, scheme: Scheme, shape: ArShape) -> dict[str, float]:
+    """int8 decode steps against the model's own dtype on the same prefix and tokens (fp32's greedy ones): top-1
+    agreement, mean KL(fp32 || int8) in nats, and int8's perplexity of the next fed token over fp32's. Leaves the
+    model with the int8 weights of `scheme`."""
+    quantize_decode(model, None)
+    first, template = _prefix(model, shape, 1)
+    ref, fed = _teacher_forced(model, first, template, None, shape.tokens)
+    quantize_decode(model, scheme)
+    got, _ = _teacher_forced(model, first, template, fed, shape.tokens)
+    nxt = fed[1:]  # the token each step predicted next, as fed (the last step's successor was never fed)
+    nll = [-lp[:-1].gather(1, nxt[:, None]).mean() for lp in (ref, got)]
+    return {"top1_agree": float((ref.argmax(-1) == got.argmax(-1)).float().mean()),
+            "kl": float((ref.exp() * (ref - got)).sum(-1).mean()),
+            "ppl_ratio": float(torch.exp(nll[1] - nll[0])) if len(nxt) else 1.0}
+
+
+def decode_bytes(model: DiffusionModel, cache: KVCache) -> tuple[int, int]:
+    """(weight bytes, KV cache bytes) one batch-1 decode step reads: every layer's parameters with only top-k of its
+    experts, int8 copies in place of the projections that have them, the final norm and the LM head; the cached
+    keys and values each layer attends over (`cache`: one row)."""
+    weights = 0
+    for layer in model.blocks:
+        for name, p in layer.named_parameters():
+            n = p.numel() * p.element_size()
+            weights += n * layer.top_k // p.shape[0] if name.startswith("experts_") else n
+        for w, q in ((layer.attn.qkv, layer.attn.qkv_int8), (layer.attn.o_proj, layer.attn.o_proj_int8),
+                     (layer.mlp_gate_up, layer.mlp_gate_up_int8), (layer.mlp_down, layer.mlp_down_int8)):
+            if q is not None:
+                weights += w.numel() - w.numel() * w.element_size()  # 1 byte a weight instead
+    head = model.embed.numel()
+    weights += head if model.head_int8 is not None else head * model.embed.element_size()
+    weights += model.norm.numel() * model.norm.element_size()
+    kv = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+             for k, v in (cache.read(i) for i in range(len(cache.layers))))
+    return weights, kv
+
+
+# The x86 features that decide which int8 and bf16 kernels a CPU runs natively (canvas.model.cpu reads only the
+# ones that pick the dtype): beside every figure, so an AVX-512 VNNI box is not mistaken for an AVX2-only one.
+_SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def simd_flags() -> list[str]:
+    """Which of `_SIMD_FLAGS` /proc/cpuinfo reports (empty where it is unreadable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in _SIMD_FLAGS if f in flags]
+
+
+def read_bandwidth() -> float:
+    """Bytes a second this process reads from memory: a sum over 256 MB of fp32 (written first, so no page is the
+    shared zero page), best of 5."""
+    a = torch.ones(64 << 20)
+    return a.numel() * a.element_size() / min(_wall_s(a.sum) for _ in range(5))
+
+
+# ---- llama.cpp ------------------------------------------------------------------------------------------------------
+def default_gguf() -> Path | None:
+    """The Gemma 3 GGUF `dcanvas model build` joined into its cache, when there is one."""
+    from canvas.convert.build import cache_root
+
+    found = sorted((cache_root() / "gemma3").glob("*.gguf"))
+    return found[0] if found else None
+
+
+def llama_bench(binary: Path, gguf: Path, *, prompt: int, tokens: int, threads: int, runs: int) -> dict[str, Any]:
+    """Run `llama-bench` (prefill of `prompt` tokens, `tokens` decode steps at batch 1) and read its JSON:
+    {"prefill_tok_s", "decode_tok_s", "build", "model_type", "cpu_info"}."""
+    exe = shutil.which(str(binary))
+    if exe is None:
+        raise LlamaBenchError(f"{binary}: no such executable (build llama.cpp's llama-bench target)")
+    if not gguf.is_file():
+        raise LlamaBenchError(f"{gguf}: no such GGUF file")
+    cmd = [exe, "-m", str(gguf), "-p", str(prompt), "-n", str(tokens), "-t", str(threads), "-r", str(runs),
+           "-o", "json"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    except subprocess.TimeoutExpired:
+        raise LlamaBenchError(f"{' '.join(cmd)} ran over 30 minutes") from None
+    if done.returncode != 0:
+        raise LlamaBenchError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    try:
+        rows = json.loads(done.stdout)
+        prefill = next(r for r in rows if r["n_prompt"] == prompt and r["n_gen"] == 0)
+        decode = next(r for r in rows if r["n_gen"] == tokens and r["n_prompt"] == 0)
+    except (ValueError, KeyError, TypeError, StopIteration):
+        raise LlamaBenchError(f"unreadable llama-bench output: {done.stdout[:300]!r}") from None
+    return {"prefill_tok_s": float(prefill["avg_ts"]), "decode_tok_s": float(decode["avg_ts"]),
+            "build": prefill.get("build_commit"), "model_type": prefill.get("model_type"),
+            "cpu_info": prefill.get("cpu_info"), "threads": threads, "command": cmd}
+
+
+# ---- the command ----------------------------------------------------------------------------------------------------
+def _model(args: argparse.Namespace) -> DiffusionModel:
+    if args.model is not None:
+        path = Path(args.model)
+        dtype = resolve_dtype(args.dtype, params=parameter_count(read_config(path)))
+        return load_pretrained(path, dtype=dtype)
+    cfg = ModelConfig.from_name(args.preset)
+    dtype = resolve_dtype(args.dtype, params=parameter_count(cfg))
+    torch.manual_seed(0)
+    return DiffusionModel(cfg).to(dtype).eval()
+
+
+def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
+    from canvas.bench.common import machine, print_table
+
+    shape = ArShape(args.prompt, args.tokens, args.batch, args.runs)
+    model = _model(args)
+    cfg = model.config
+    scheme = decode_scheme(args.int8)
+    if scheme is not None and model.dtype != torch.float32:
+        scheme = None  # as the server does: int8 decode weights serve fp32 models only
+    extra_rows: list[tuple[str, str]] = []
+    without: dict[str, float] = {}
+    if scheme is not None:
+        without = {"decode_b1_step_ms": decode_s(model, shape, 1) * 1e3,
+                   f"decode_b{shape.batch}_step_ms": decode_s(model, shape, shape.batch) * 1e3}
+        fidelity = int8_fidelity(model, scheme, shape)  # leaves the int8 weights in place
+        extra_rows = [
+            (f"without int8: batch 1 / batch {shape.batch} step ms",
+             f"{without['decode_b1_step_ms']:.1f} / {without[f'decode_b{shape.batch}_step_ms']:.1f}"),
+            ("int8 vs fp32 steps: top-1 / KL nats / ppl ratio",
+             f"{fidelity['top1_agree']:.3f} / {fidelity['kl']:.4f} / {fidelity['ppl_ratio']:.3f}"),
+        ]
+    b1 = decode_s(model, shape, 1)
+    bk = decode_s(model, shape, shape.batch)
+    pre = prefill_s(model, shape)
+    split = step_split(model, shape)
+    weight_bytes, kv_bytes = decode_bytes(model, _prefix(model, shape, 1)[1])
+    bandwidth = read_bandwidth()
+    out: dict[str, Any] = {
+        "model": str(args.model) if args.model is not None else cfg.name, "dtype": dtype_name(model.dtype),
+        "decode_int8": scheme, "vocab": cfg.vocab_size, "prompt": shape.prompt, "tokens": shape.tokens,
+        "batch": shape.batch, "runs": shape.runs,
+        "decode_b1_tok_s": 1 / b1, "decode_b1_step_ms": b1 * 1e3,
+        f"decode_b{shape.batch}_tok_s": shape.batch / bk, f"decode_b{shape.batch}_step_ms": bk * 1e3,
+        "batch_step_vs_b1": bk / b1, "prefill_tok_s": shape.prompt / pre, "prefill_ms": pre * 1e3,
+        "split_ms": {k: v * 1e3 for k, v in split.items()},
+        "step_weight_mb": weight_bytes / 1e6, "step_kv_mb": kv_bytes / 1e6,
+        "step_gb_s": (weight_bytes + kv_bytes) / b1 / 1e9, "read_bandwidth_gb_s": bandwidth / 1e9,
+    }
+    if scheme is not None:
+        out["without_int8"] = without
+        out["int8_fidelity"] = fidelity
+    rows = [
+        ("model / dtype / int8 decode / vocab",
+         f"{out['model']} / {out['dtype']} / {scheme or 'off'} / {cfg.vocab_size}"),
+        ("decode batch 1, tok/s (step ms)", f"{1 / b1:.1f} ({b1 * 1e3:.1f})"),
+        (f"decode batch {shape.batch}, tok/s (step ms)", f"{shape.batch / bk:.1f} ({bk * 1e3:.1f})"),
+        (f"batch-{shape.batch} step / batch-1 step (goal <= 1.2)", f"{bk / b1:.2f}"),
+        (f"prefill {shape.prompt} tokens, tok/s", f"{shape.prompt / pre:.0f}"),
+        *[(f"batch-1 step: {k}, ms", f"{v * 1e3:.2f}") for k, v in split.items()],
+        ("batch-1 step reads: weights + KV cache, MB", f"{weight_bytes / 1e6:.0f} + {kv_bytes / 1e6:.1f}"),
+        ("step GB/s / this machine's read GB/s", f"{out['step_gb_s']:.1f} / {bandwidth / 1e9:.1f}"),
+        *extra_rows,
+    ]
+    if args.against_llama is not None:
+        gguf = args.gguf if args.gguf is not None else default_gguf()
+        if gguf is None:
+            raise LlamaBenchError("no GGUF given (--gguf) and none in the dcanvas cache (dcanvas model build)")
+        llama = llama_bench(Path(args.against_llama), Path(gguf), prompt=shape.prompt, tokens=shape.tokens,
+                            threads=torch.get_num_threads(), runs=shape.runs)
+        llama["decode_ratio"] = out["decode_b1_tok_s"] / llama["decode_tok_s"]
+        llama["prefill_ratio"] = out["prefill_tok_s"] / llama["prefill_tok_s"]
+        out["llama"] = llama
+        rows += [
+            ("llama.cpp decode batch 1, tok/s", f"{llama['decode_tok_s']:.1f} ({llama['model_type']})"),
+            ("ours / llama.cpp decode (goal >= 1)", f"{llama['decode_ratio']:.2f}"),
+            (f"llama.cpp prefill {shape.prompt}, tok/s", f"{llama['prefill_tok_s']:.0f}"),
+            ("ours / llama.cpp prefill (goal >= 1.5)", f"{llama['prefill_ratio']:.2f}"),
+        ]
+    out["machine"] = {**machine(), "simd": simd_flags()}
+    print_table(f"AR decoding, {out['model']}, {out['dtype']}, {torch.get_num_threads()} threads "
+                f"(median of {shape.runs}; CPU {', '.join(out['machine']['simd']) or out['machine']['cpu_kind']})",
+                rows)
+    return out
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="a model directory (else --preset, random weights)")
+    parser.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
+    parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                        help="auto: what the server would pick on this CPU")
+    parser.add_argument("--int8", choices=("off", *SCHEMES), default=None,
+                        help="int8 decode weights (default: $DCANVAS_DECODE_INT8, as the server; fp32 models only)")
+    parser.add_argument("--batch", type=int, default=8, help="rows of the batched decode")
+    parser.add_argument("--prompt", type=int, default=256, help="prefix tokens (prefill)")
+    parser.add_argument("--tokens", type=int, default=32, help="decode steps a run")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: the usable cores)")
+    parser.add_argument("--against-llama", metavar="LLAMA_BENCH", default=None,
+                        help="a llama.cpp llama-bench binary to run on the same weights' GGUF")
+    parser.add_argument("--gguf", type=Path, default=None, help="the GGUF for --against-llama")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_threads(args.threads or None)  # as the server does: the usable cores unless told
+    configure_allocator()
+    try:
+        out = bench_ar(args)
+    except LlamaBenchError as e:
+        raise SystemExit(f"bench ar: {e}") from None
+    print(json.dumps(out))
+    return 0
+
+
+__all__ = ["ArShape", "LlamaBenchError", "bench_ar", "decode_s", "llama_bench", "prefill_s", "register", "step_split"]

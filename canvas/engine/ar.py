@@ -1,0 +1,345 @@
+"""The engine's AR pathway: every AR row's drafts step together, and an infill's drafts are scored by the seam.
+
+Owns `ARWalk` (one AR generation's walk over its canvas) and `ARBatch` (the drafting lanes of every AR row in one
+left-padded `KVCache.aligned` cache, stepped by ONE `model.encode` call of (B, 1) tokens per engine step).
+A walk goes left to right: a pinned run is fed to the row's context (one prefill) when something after it still
+reads the context; a gap (a run of free slots) is drafted. A gap with pinned text after it, under a seam-aware config
+(`SamplerConfig.seam_aware`), gets `ar_drafts` lanes that share the row's encoded context (copied, never re-encoded),
+sampled at `ar_temperature` from the row's own generator (so a row's tokens do not depend on what it is batched
+with), never `<null>` nor EOS. When they reach the gap's budget, every (draft, ending) is scored by the model's
+log-likelihood of the first `ar_seam_tokens` pinned tokens after it, all candidates in one forward
+(`seam_logprobs`); the best is written and the rest of the gap becomes `<null>`. Any other gap gets one lane and is
+filled to its end: the plain AR fill. A later gap sees the chosen fill of earlier ones.
+
+Legend: K lanes of one row, B lanes of all rows, g gap slots, E endings per lane, S seam tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from canvas.engine.types import Drafts
+from canvas.model import DiffusionModel, KVCache
+from canvas.sampling.sampler import SamplerConfig, truncate_logits
+
+_NEG = float("-inf")
+_serials = itertools.count(1)
+_CLAUSE_MARKS = ".,;:!?"  # a token whose text ends with one of these (closing quotes aside) ends a clause
+_CLOSERS = "\"')]\u201d\u2019"
+
+
+def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
+    """The ids whose token text (`pieces[id]`, e.g. a tokenizer's `convert_ids_to_tokens` of every id) ends a clause
+    or a sentence: punctuation, possibly followed by closing quotes or brackets, or a line break."""
+    out = set()
+    for i, piece in enumerate(pieces):
+        text = piece or ""
+        if "\n" in text or "<0x0A>" in text or text.rstrip().rstrip(_CLOSERS)[-1:] in tuple(_CLAUSE_MARKS):
+            out.add(i)
+    return frozenset(out)
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One scored (draft, ending) of a gap: `lane`, `length` tokens kept, `score` (higher is better)."""
+
+    lane: int
+    length: int
+    score: float
+
+
+class ARWalk:
+    """One AR row's walk over its canvas. Mutates the row's `canvas` and `argmax` (L,) tensors in place; owns its
+    private single-row context cache `ctx` and the next-token logits `last` (V,) after it."""
+
+    def __init__(self, model: DiffusionModel, cfg: SamplerConfig, ctx: KVCache, last: Tensor, canvas: Tensor,
+                 argmax: Tensor, pinned: Tensor, used: int, generator: torch.Generator, *, keep_context: bool,
+                 room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = ()) -> None:
+        self.model, self.cfg, self.ctx, self.last = model, cfg, ctx, last
+        self.canvas, self.argmax, self.pinned, self.used = canvas, argmax, pinned, used
+        self.generator, self.keep_context, self.room = generator, keep_context, room
+        self.clause_ends, self.avoid = clause_ends, list(avoid)
+        self.pos = 0  # the next slot to walk
+        self.gaps_done = 0
+        self.forwards = self.generated = 0
+        self.seam_aware_gaps = 0  # gaps filled by scored drafts (the Done's mode says so)
+        self.touched: tuple[int, int] = (0, 0)  # slots written since the caller last looked
+        self.drafting = False
+        self.serial = 0  # a new value for every drafted gap: its lanes' identity in the batch
+        self.lanes = 0
+        self.start = self.end = self.n = 0
+        self.scored = False
+        self.seam: Tensor | None = None
+        self.tokens = self.lp = self.seam0 = self.feed_next = torch.empty(0)
+        self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
+        self.lead = 0  # the lane the canvas shows while the lanes grow
+        self.scored_drafts: Drafts | None = None  # the last scored gap's drafts, with the one chosen
+
+    @property
+    def finished(self) -> bool:
+        return not self.drafting and self.pos >= self.used
+
+    @property
+    def budget_left(self) -> int:
+        """Tokens the current gap's lanes will still encode."""
+        return self.end - self.start - self.n if self.drafting else 0
+
+    def drafts(self) -> Drafts | None:
+        """For frames: the drafts of the scored gap being drafted (K > 1), else those of the last scored gap."""
+        if not (self.drafting and self.scored and self.lanes > 1):
+            return self.scored_drafts
+        n = min(self.n + 1, self.end - self.start)  # tokens sampled per lane (the next is sampled as the last is fed)
+        return Drafts(self.start, self.end, tuple(map(tuple, self.tokens[:, :n].tolist())), self.lead)
+
+    def _free_after(self, slot: int) -> bool:
+        return bool((~self.pinned[slot : self.used]).any())
+
+    def _needs_context(self, after: int) -> bool:
+        return self.keep_context or self._free_after(after)
+
+    def advance(self) -> None:
+        """Walk pinned runs (feeding them when the context is read later) until a gap starts drafting or the canvas
+        ends."""
+        while not self.drafting and self.pos < self.used:
+            pos = self.pos
+            if bool(self.pinned[pos]):
+                end = pos
+                while end < self.used and bool(self.pinned[end]):
+                    end += 1
+                if self._needs_context(end):
+                    self._feed(self.canvas[pos:end])
+                self.pos = end
+                continue
+            end = pos
+            while end < self.used and not bool(self.pinned[end]):
+                end += 1
+            seam_end = end  # the seam: the pinned tokens right after the gap, at most ar_seam_tokens
+            while seam_end < min(self.used, end + self.cfg.ar_seam_tokens) and bool(self.pinned[seam_end]):
+                seam_end += 1
+            # A gap that ends before the used slots do ends at a pin: it has text after it.
+            seam = self.canvas[end:seam_end] if end < self.used else None
+            self._start_gap(pos, end, seam)
+
+    def _feed(self, tokens: Tensor) -> None:
+        out, _ = self.model.encode(tokens[None], cache=self.ctx, logits="last")
+        assert out is not None
+        self.last = out[0, -1]
+        self.forwards += 1
+
+    def _start_gap(self, start: int, end: int, seam: Tensor | None) -> None:
+        """Start drafting slots [start, end): sample each lane's first token from the context's logits."""
+        scored = seam is not None and self.cfg.seam_aware
+        self.scored = scored
+        self.seam = seam if scored else None
+        self.lanes = self.cfg.ar_drafts if scored else 1
+        self.start, self.end, self.n = start, end, 0
+        g = end - start
+        dev = self.last.device
+        self.tokens = torch.zeros(self.lanes, g, dtype=torch.long, device=dev)
+        self.lp = torch.zeros(self.lanes, g, device=dev)  # log p(draft token) at temperature 1
+        self.seam0 = torch.zeros(self.lanes, g, device=dev)  # log p(seam[0] | draft[:e]) at [:, e - 1]
+        self.serial = next(_serials)
+        self.drafting = True
+        self.seen = [{} for _ in range(self.lanes)]
+        self._sample(self.last[None].expand(self.lanes, -1))
+
+    def _sample(self, logits: Tensor) -> None:
+        """Sample each lane's next token from its logits (K, V) and record it."""
+        logits = logits.float()
+        logp = torch.log_softmax(logits, dim=-1)  # (K, V)
+        if self.scored:
+            banned = [t for t in (self.model.config.null_token_id, *self.model.config.eos_token_ids) if t is not None]
+            logits = logits.clone()
+            logits[:, banned] = _NEG
+        n = self.cfg.ar_no_repeat
+        if n and self.n >= n - 1:  # every draft, continuations too: a 270M base loops at any temperature we use
+            logits = logits.clone()
+            heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
+            for k, head in enumerate(heads):
+                again = self.seen[k].get(tuple(head))
+                if again:
+                    logits[k, list(again)] = _NEG
+        if self.cfg.ar_temperature > 0:
+            logits = truncate_logits(logits, self.cfg.ar_top_k, self.cfg.ar_top_p, self.cfg.ar_min_p)
+            probs = torch.softmax(logits / self.cfg.ar_temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        else:
+            tok = logits.argmax(dim=-1)
+        i = self.n
+        self.tokens[:, i] = tok
+        n = self.cfg.ar_no_repeat
+        if n and i >= n - 1:
+            grams = self.tokens[:, i - n + 1 : i + 1].tolist()
+            for k, gram in enumerate(grams):
+                self.seen[k].setdefault(tuple(gram[:-1]), set()).add(gram[-1])
+        self.lp[:, i] = logp.gather(1, tok[:, None])[:, 0]
+        lead = self.lead = int(self.lp[:, : i + 1].sum(1).argmax())  # the one shown while drafts grow
+        self.canvas[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]
+        self.argmax[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]
+        self.touched = (self.start + i, self.start + i + 1)
+        self.feed_next = tok
+
+    def feed(self) -> Tensor:
+        """(K,) the token each lane encodes this step."""
+        return self.feed_next
+
+    def take(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
+        """Consume this step's logits (K, V) after the fed tokens; `rows` (K,) are the lanes' rows in `batch`."""
+        self.n += 1
+        g = self.end - self.start
+        if self.seam is not None and len(self.seam):
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            self.seam0[:, self.n - 1] = logp[:, int(self.seam[0])]
+        if self.n < g:
+            self._sample(logits)
+            return
+        self._choose(logits, batch, rows)
+
+    # ---- the end of a gap ------------------------------------------------------------------------------------
+    def endings(self, lane: int) -> list[int]:
+        """Draft lengths lane `lane` may end at: the budget, and clause or sentence ends (tokens in `clause_ends`;
+        without them, evenly spaced lengths) no shorter than `ar_min_fill` of the gap, nearest the budget first."""
+        g = self.end - self.start
+        if not self.scored or self.model.config.null_token_id is None:
+            return [g]
+        lo = max(1, math.ceil(self.cfg.ar_min_fill * g))
+        if self.clause_ends is None:
+            n = self.cfg.ar_endings
+            spaced = {round(lo + (g - lo) * i / max(n - 1, 1)) for i in range(n)}
+            return sorted(spaced | {g}, reverse=True)[:n]
+        toks = self.tokens[lane].tolist()
+        ends = [e for e in range(g - 1, lo - 1, -1) if toks[e - 1] in self.clause_ends]
+        return [g, *ends][: self.cfg.ar_endings]
+
+    def candidates(self, batch: KVCache, rows: Tensor) -> list[Candidate]:
+        """Every (lane, ending) with its score: the seam's log-likelihood after it (the first seam token from the
+        drafting logits, the rest from one forward over all candidates), plus `ar_draft_weight` times the draft's
+        mean token log-likelihood; with no seam tokens, the draft's mean log-likelihood alone."""
+        ends = [self.endings(k) for k in range(self.lanes)]
+        E = max(len(e) for e in ends)
+        lengths = torch.tensor([e + [e[-1]] * (E - len(e)) for e in ends], device=rows.device)  # (K, E)
+        cum = torch.cumsum(self.lp, dim=1)  # (K, g)
+        mean_lp = cum.gather(1, lengths - 1) / lengths  # (K, E)
+        if self.seam is not None and len(self.seam):
+            g = self.end - self.start
+            limits = batch.length - g + lengths  # the slot after each candidate's last draft token
+            seam = self.seam0.gather(1, lengths - 1) + seam_logprobs(self.model, batch, rows, limits, self.seam)
+            score = seam + self.cfg.ar_draft_weight * mean_lp
+        else:
+            score = mean_lp
+        return [Candidate(k, e, float(score[k, i])) for k in range(self.lanes) for i, e in enumerate(ends[k])]
+
+    def _choose(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
+        g = self.end - self.start
+        cands = self.candidates(batch, rows)
+        avoid = self.avoid[self.gaps_done] if self.gaps_done < len(self.avoid) else ()
+        if avoid:  # a rewrite offers its old text only when every candidate is the old text
+            fresh = [c for c in cands if tuple(self.tokens[c.lane, : c.length].tolist()) != avoid]
+            cands = fresh or cands
+        if self.cfg.ar_select_temperature > 0 and len(cands) > 1:
+            w = torch.softmax(torch.tensor([c.score for c in cands]) / self.cfg.ar_select_temperature, dim=0)
+            best = cands[int(torch.multinomial(w, 1, generator=self.generator))]
+        else:
+            best = max(cands, key=lambda c: c.score)
+        k, e = best.lane, best.length
+        if self.lanes > 1:
+            self.scored_drafts = Drafts(self.start, self.end, tuple(map(tuple, self.tokens.tolist())), self.lead, k, e)
+        fill = self.tokens[k, :e]
+        self.canvas[self.start : self.start + e] = fill
+        self.argmax[self.start : self.start + e] = fill
+        if e < g:
+            null = self.model.config.null_token_id
+            assert null is not None  # endings() offers only the budget without a null token
+            self.canvas[self.start + e : self.end] = null
+            self.argmax[self.start + e : self.end] = null
+        self.touched = (self.start, self.end)
+        self.generated += e
+        self.seam_aware_gaps += self.scored
+        self.gaps_done += 1
+        self.drafting = False
+        self.pos = self.end
+        if self._needs_context(self.end):
+            if e == g:  # the lane's own cache holds exactly the fill: take it instead of encoding the fill again
+                self.ctx = KVCache.aligned([(batch, int(rows[k]))], self.room)
+                self.last = logits[k]
+            else:
+                self._feed(fill)
+        self.lanes = 0
+
+
+class ARBatch:
+    """The drafting lanes of every AR row in one encodable cache (`KVCache.aligned`): rebuilt only when its lanes
+    change (a gap starts or ends, a row leaves), stepped by one `model.encode` of (B, 1) tokens."""
+
+    def __init__(self, model: DiffusionModel) -> None:
+        self.model = model
+        self.cache: KVCache | None = None
+        self.members: list[tuple[int, int]] = []  # (walk serial, lane) per batch row
+        self.rebuilds = 0
+
+    def step(self, walks: list[ARWalk]) -> Tensor:
+        """Encode each drafting walk's next tokens in one call; returns the logits (B, V), walks' lanes in order."""
+        want = [(w.serial, k) for w in walks for k in range(w.lanes)]
+        if want != self.members or self.cache is None:
+            index = {m: i for i, m in enumerate(self.members)}
+            sources: list[tuple[KVCache, int]] = []
+            for w in walks:
+                for k in range(w.lanes):
+                    i = index.get((w.serial, k))
+                    sources.append((self.cache, i) if i is not None and self.cache is not None else (w.ctx, 0))
+            self.cache = KVCache.aligned(sources, max(w.budget_left for w in walks))
+            self.members = want
+            self.rebuilds += 1
+        tokens = torch.cat([w.feed() for w in walks])[:, None]  # (B, 1)
+        out, _ = self.model.encode(tokens, cache=self.cache, logits="last")
+        assert out is not None
+        return out[:, -1]  # (B, V)
+
+    def clear(self) -> None:
+        self.cache, self.members = None, []
+
+
+@torch.no_grad()
+def seam_logprobs(model: DiffusionModel, cache: KVCache, rows: Tensor, limits: Tensor, seam: Tensor) -> Tensor:
+    """Log-likelihood of seam[1:] after seam[0] for every candidate, in one forward that reads `cache` and never
+    writes it. Candidate (k, e) is row `rows[k]` of `cache` cut at slot `limits[k, e]` (keys from there on are
+    hidden), followed by the seam; its queries are seam[:-1] at the positions after the cut. rows (K,), limits
+    (K, E) long, seam (S,) -> (K, E) fp32 (zeros when S < 2: the first seam token's log-likelihood comes from the
+    drafting logits, which the caller has)."""
+    K, E = limits.shape
+    S = int(seam.numel())
+    dev = cache.key_valid.device
+    if S < 2:
+        return torch.zeros(K, E, device=dev)
+    T, W, L = S - 1, model.config.sliding_window, cache.length
+    j = torch.arange(T, device=dev).repeat(E)  # (E*T,) index inside the seam
+    block = torch.arange(E, device=dev).repeat_interleave(T)  # (E*T,) which ending
+    lim = limits.repeat_interleave(T, dim=1)  # (K, E*T)
+    q_slot = lim + j  # (K, E*T): the query's slot, as if the seam were written after the cut
+    positions = q_slot - cache.pos_offset.index_select(0, rows)[:, None]
+    valid = cache.key_valid.index_select(0, rows)[:, :L]  # (K, L)
+    same = (block[:, None] == block[None, :]) & (j[None, :] <= j[:, None])  # (E*T, E*T) causal inside an ending
+    slots = torch.arange(L, device=dev)
+    full = (slots < lim[..., None]) & valid[:, None, :]  # (K, E*T, L)
+    n = cache.sliding_len()
+    tail = slots[L - n :]
+    sliding = (tail < lim[..., None]) & (tail > q_slot[..., None] - W) & valid[:, None, L - n :]
+    near = same & (j[:, None] - j[None, :] < W)
+    masks = {False: torch.cat([full, same.expand(K, -1, -1)], -1)[:, None],
+             True: torch.cat([sliding, near.expand(K, -1, -1)], -1)[:, None]}  # (K, 1, E*T, keys)
+
+    def read(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        ck, cv = cache.read(i)
+        ck, cv = ck.index_select(0, rows), cv.index_select(0, rows)
+        return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2), masks[cache.layers[i].sliding]
+
+    ids = seam[:T].repeat(E)[None].expand(K, -1)  # (K, E*T)
+    h = model.run_layers(model.embed_tokens(ids), positions, read, decoder=False)
+    logp = torch.log_softmax(model.logits(h), dim=-1)  # (K, E*T, V)
+    target = seam[1:].repeat(E)[None, :, None].expand(K, -1, 1)
+    return logp.gather(-1, target)[..., 0].view(K, E, T).sum(-1)

@@ -1,0 +1,209 @@
+"""What the server generates with: a model directory loaded into an `Engine` plus the tokenizer and special ids.
+
+Owns `Backend` (one per server: one engine, shared by every session) and its loading. A model directory holds
+`config.json` + `model.safetensors` (our DiffusionGemma layout, `canvas.model.io`) and an HF tokenizer
+(`tokenizer.json`, ...). `write_tiny_checkpoint` makes a small random-weight directory of that layout, so tests,
+the TUI's and the web page's tests can run a real server (model, engine, sampler) on a CPU in seconds.
+
+The model's sampler defaults come from its `generation_config.json` (as transformers' `generate` reads them);
+a request's explicit parameters override them. Its default mode per kind of request (`canvas.sampling.modes`) comes from
+`dcanvas_sampler.json`; a request that names a mode gets it. The BOS token (when the tokenizer has one) is
+prepended to every context, as the tokenizer itself does when it encodes a prompt; `<null>` (when present) lets an
+infill come out shorter than its gap; EOS ends a region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
+from canvas.engine.ar import clause_end_ids
+from canvas.engine.core import Engine, GenRequest
+from canvas.model.config import ModelConfig
+from canvas.model.cpu import DtypeChoice
+from canvas.sampling.modes import Kind, ModeDefaults, load_mode_defaults, request_kind
+from canvas.sampling.sampler import Mode, SamplerConfig, load_sampler_defaults
+
+# A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
+_TINY_TEXT = """\
+The cat sat on the mat and watched the rain. A dog ran past the open door, and the cat did not move.
+Once upon a time there was a small house by a river. In the house lived a man who wrote letters every day.
+She opened the window, looked at the garden, and began to write. The morning was cold and very quiet.
+We walked along the road until the sun went down, then we sat by the fire and talked about the sea.
+"""
+
+
+@dataclass
+class Backend:
+    name: str
+    # None: this server runs no model; its generations run elsewhere (`dcanvas serve --ray`: on Ray Serve replicas,
+    # each with its own Backend that has one). `engine` then raises: reaching for it is a bug.
+    local_engine: Engine | None
+    tokenizer: HFTokenizer  # the document's view of the tokenizer
+    canvas_length: int
+    bos_id: int | None
+    eos_id: int | None
+    null_id: int | None
+    modes: tuple[str, ...] = ("diffusion", "ar")
+    sampler_defaults: SamplerConfig = field(default_factory=SamplerConfig)  # the model's generation_config.json
+    mode_defaults: ModeDefaults = field(default_factory=ModeDefaults)  # its default mode per kind of request
+    _decoded: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def engine(self) -> Engine:
+        if self.local_engine is None:
+            raise RuntimeError(f"{self.name}: this server runs no engine (its generations run on Ray Serve replicas)")
+        return self.local_engine
+
+    def token_text(self, token: int) -> str:
+        """The text of one token for display (a lone byte of a multi-byte character shows as U+FFFD)."""
+        cache = self._decoded
+        text = cache.get(token)
+        if text is None:
+            text = cache[token] = self.tokenizer.decode([token])
+        return text
+
+    def mode_for(self, mode: Mode | None, kind: Kind | Sequence[bool]) -> Mode:
+        """The mode a request runs in: `mode` when it names one, else the model's default for its kind (given, or
+        read from the canvas's pinned flags)."""
+        return self.mode_defaults.resolve(mode, kind if isinstance(kind, str) else request_kind(kind))
+
+    def document_config(self) -> DocumentConfig:
+        return DocumentConfig(canvas_length=self.canvas_length, max_undo=200)
+
+    def context(self, ids: tuple[int, ...]) -> tuple[int, ...]:
+        return ids if self.bos_id is None else (self.bos_id, *ids)
+
+    def request(self, view: CanvasView, config: SamplerConfig, *, stream_every: int = 1) -> GenRequest:
+        """The engine request that fills the free slots of a document's canvas view."""
+        return GenRequest(self.context(view.context_ids), view.slot_ids, view.pinned, config, stream_every=stream_every,
+                          avoid=view.replaced_ids)
+
+    def proposal(self, doc: Document, canvas: tuple[int, ...]) -> Proposal:
+        """A generated canvas read back into `doc` (the document the request's view came from): nulls dropped,
+        a region cut at EOS."""
+        return doc.make_proposal(canvas, self.null_id, eos_id=self.eos_id)
+
+
+def _special_id(tok: Any, attr: str, token: str | None = None) -> int | None:
+    value = getattr(tok, attr, None)
+    if isinstance(value, int):
+        return value
+    if token is not None:
+        found = tok.convert_tokens_to_ids(token)
+        unk = getattr(tok, "unk_token_id", None)
+        if isinstance(found, int) and found != unk:
+            return found
+    return None
+
+
+def _special_ids(tok: Any, config: ModelConfig) -> tuple[int | None, int | None, int | None]:
+    """(bos, eos, null): the tokenizer's, else the model config's."""
+    null_id = _special_id(tok, "null_token_id", "<null>")
+    if null_id is None:
+        null_id = config.null_token_id
+    eos_id = _special_id(tok, "eos_token_id")
+    if eos_id is None and config.eos_token_ids:
+        eos_id = config.eos_token_ids[0]
+    return _special_id(tok, "bos_token_id"), eos_id, null_id
+
+
+def load_frontend(model_dir: str | Path) -> Backend:
+    """A `Backend` without the model (`engine` None): the tokenizer, canvas length, special ids and sampler
+    defaults of `model_dir`, read from its config.json, generation_config.json and tokenizer files only (the
+    weights need not be there). What an ingress needs whose generations run on Ray Serve replicas."""
+    from transformers import AutoTokenizer
+
+    from canvas.model.io import read_config
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
+    config = read_config(path)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    bos_id, eos_id, null_id = _special_ids(tok, config)
+    return Backend(name=config.name or path.name, local_engine=None, tokenizer=HFTokenizer(tok),
+                   canvas_length=config.canvas_length, bos_id=bos_id, eos_id=eos_id, null_id=null_id,
+                   sampler_defaults=load_sampler_defaults(path), mode_defaults=load_mode_defaults(path))
+
+
+def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoice = "auto",
+                 threads: int | None = None) -> Backend:
+    """Load the model and tokenizer in `model_dir` and start nothing yet (the server starts the engine).
+
+    `dtype` "auto" picks what this CPU computes fastest (`canvas.model.cpu`: bf16 on AMX / avx512_bf16 CPUs where a
+    probe confirms it, fp32 elsewhere and for small models; `DCANVAS_DTYPE` overrides). `threads` sets torch's
+    intra-op threads, by default to the physical cores this process may use. The process's allocator keeps large
+    freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`). `DCANVAS_DECODE_INT8=weight|dynamic`
+    gives an fp32 model int8 weights for its AR decode steps (`canvas.model.int8`; off by default)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from canvas.model import load_pretrained
+    from canvas.model.cpu import configure_allocator, configure_threads, parameter_count, resolve_dtype
+    from canvas.model.int8 import decode_scheme, quantize_decode
+    from canvas.model.io import read_config
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
+    configure_threads(threads)  # before the probe in resolve_dtype, which times at this thread count
+    configure_allocator()
+    model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path))))
+    scheme = decode_scheme()  # DCANVAS_DECODE_INT8: int8 weights for AR decode steps (fp32 models; default off)
+    if scheme is not None and model.dtype == torch.float32:
+        quantize_decode(model, scheme)
+    sampler_defaults = load_sampler_defaults(path)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    bos_id, eos_id, null_id = _special_ids(tok, model.config)
+    # Where an AR infill's drafts may end (canvas.engine.ar): tokens that end a clause or a sentence.
+    clause_ends = clause_end_ids(tok.convert_ids_to_tokens(list(range(model.config.vocab_size))))
+    return Backend(
+        name=model.config.name or path.name,
+        local_engine=Engine(model, max_batch=max_batch, clause_ends=clause_ends),
+        tokenizer=HFTokenizer(tok),
+        canvas_length=model.config.canvas_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        null_id=null_id,
+        sampler_defaults=sampler_defaults,
+        mode_defaults=load_mode_defaults(path),
+    )
+
+
+def default_model_dir() -> Path | None:
+    """The embedded canvas-6m, when this installation has one (what a command serves by default is
+    `canvas.convert.resolve.resolve_model`'s choice, not this)."""
+    from canvas.convert.resolve import EMBEDDED
+
+    return EMBEDDED if (EMBEDDED / "config.json").is_file() else None
+
+
+def write_tiny_checkpoint(path: str | Path, *, seed: int = 0, canvas_length: int = 32) -> Path:
+    """Write a random-weight `tiny` model with a small trained tokenizer to `path` (a directory)."""
+    import torch
+
+    from canvas.model import PRESETS, DiffusionModel, save_pretrained
+    from canvas.model.tokenizer import MIN_VOCAB, save_tokenizer, special_ids, train_tokenizer
+
+    out = Path(path)
+    tok = train_tokenizer([_TINY_TEXT] * 4, vocab_size=MIN_VOCAB + 96, min_frequency=2)
+    ids = special_ids(tok)
+    cfg = dataclasses.replace(
+        PRESETS["tiny"],
+        vocab_size=tok.get_vocab_size(),
+        canvas_length=canvas_length,
+        pad_token_id=ids["pad"],
+        bos_token_id=ids["bos"],
+        eos_token_ids=(ids["eos"],),
+        null_token_id=ids["null"],
+        name="tiny-random",
+    )
+    torch.manual_seed(seed)
+    save_pretrained(DiffusionModel(cfg), out)
+    save_tokenizer(tok, out)
+    return out

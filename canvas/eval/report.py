@@ -1,0 +1,176 @@
+"""Markdown for `dcanvas eval`: the tables of the model card and BENCHMARKS.md, from the eval's JSON result.
+
+`markdown(result)` renders the per-task table (every variant: fill and seam ratios, repetition beside the human
+text's, null share, seconds; degenerate runs flagged), the headline (the default modes), the quality-speed sweep
+and the targets;
+`card_metrics(result)` is the flat `{metric: value}` the exporter's model card takes; `card_section` and
+`update_card` put a whole evaluation into a model card (`dcanvas eval --card`). All read only the JSON that
+`canvas.eval.evaluate.evaluate` returns, so a saved `--out` file can be rendered again later.
+
+`update_card` owns one block per key between marker comments and rewrites only that block, so the hand-written
+reading of the numbers around it survives a re-evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+PLACEHOLDER = "Not evaluated at export time; run `dcanvas eval` (its table belongs here)."
+
+
+def _f(value: float, digits: int = 2) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _pct(value: float) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    from canvas.eval.metrics import FILL_RANGE, REPEAT_POINTS, SEAM_MAX, speed_bound
+
+    cfg = result["config"]
+    lo, hi = FILL_RANGE
+    bounds = ", ".join(f"{t}: {b:g} s" for t in (f"infill-{g}" for g in cfg["gaps"])
+                       if (b := speed_bound(t, cfg.get("speed_scale", 1.0))) is not None)  # fmt: skip
+    lines = [
+        f"## Evaluation of `{result['model']}`",
+        "",
+        f"Judge: {result['judge']}; judge perplexity pooled over samples, ratio = model / the human text it replaces "
+        f"(1.0 is human-like): the fill in its context, and the seam, the first {cfg['seam_tokens']} judge tokens "
+        f"after an infill. Held-out text {result.get('data', '')}, seed {cfg['seed']}, canvas "
+        f"{result['canvas_length']} tokens, batch 1, context encoding included in s/canvas.",
+        "",
+        f"Targets: fill ratio {lo:g}-{hi:g} (below {lo:g} with more repetition than the human text is degenerate, "
+        f"flagged), seam ratio <= {SEAM_MAX:g}, repeated 4-grams within {100 * REPEAT_POINTS:.0f} points of the human "
+        f"text's, seconds per infill ({bounds}).",
+        "",
+        "| task | variant | steps / bound | n | fill ratio | seam ratio | repeated 4-grams (human) | null slots "
+        "| s/canvas | tokens/forward | steps | exact length | fill+seam ratio | flag |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in result["results"]:
+        settings = "" if p["mode"] == "ar" else f"{p['max_steps']} / {p['entropy_bound']:g}"
+        flag = "**degenerate**" if p["degenerate"] else ""
+        lines.append(
+            f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | {_f(p['fill_ratio'])} | "
+            f"{_f(p['seam_ratio'])} | {_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
+            f"{_pct(p['null_share'])} | {_f(p['seconds_per_canvas'])} | {_f(p['tokens_per_forward'])} | "
+            f"{_f(p['steps_per_canvas'], 1)} | {_pct(p['exact_length'])} | {_f(p['ratio'])} | {flag} |"
+        )
+    modes = result["headline_variants"]
+    lines += ["", f"Headline (the model's default modes: infill {modes['infill']}, continuation "
+              f"{modes['continuation']}): infill fill ratio {_f(result['fill_ratio_infill'])}, seam ratio "
+              f"{_f(result['seam_ratio_infill'])}; continuation fill ratio {_f(result['fill_ratio_continuation'])}, "
+              f"{_f(result['tokens_per_forward'])} tokens/forward, {_f(result['seconds_per_canvas'])} s/canvas."]
+    sweep = result.get("sweep")
+    if sweep:
+        ref, best = sweep["reference"], sweep["best_within_10pct"]
+        lines += [
+            "",
+            f"### Quality-speed sweep ({sweep['task']}, {sweep['samples']} samples)",
+            "",
+            "| max steps | entropy bound | judge ppl | ratio | vs reference | tokens/forward | s/canvas | steps |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p in sweep["points"]:
+            rel = p["judge_ppl"] / ref["judge_ppl"] if ref["judge_ppl"] else float("nan")
+            lines.append(
+                f"| {p['max_steps']} | {p['entropy_bound']:g} | {_f(p['judge_ppl'], 1)} | {_f(p['ratio'])} | "
+                f"{_f(rel)} | {_f(p['tokens_per_forward'])} | {_f(p['seconds_per_canvas'])} | "
+                f"{_f(p['steps_per_canvas'], 1)} |"
+            )
+        lines += ["", f"Reference: {ref['max_steps']} steps, bound {ref['entropy_bound']:g}. Fastest within 10% of "
+                  f"its judge perplexity: {best['max_steps']} steps, bound {best['entropy_bound']:g}, "
+                  f"{_f(best['tokens_per_forward'])} tokens/forward."]  # fmt: skip
+    choice = result.get("defaults_choice")
+    if choice:
+        kinds = ("infill", "continuation")
+        picked = ", ".join(f"{k} {choice[k]['variant'] if choice[k] else 'unchanged'}" for k in kinds)
+        slow = [k for k in kinds if choice[k] is not None and not choice[k]["within_speed"]]
+        lines += ["", f"Defaults chosen ({picked}) and written: {result['defaults_written']}"
+                  + (f"; no variant met the speed bounds for {', '.join(slow)}" if slow else "") + "."]
+    lines += ["", "### Targets (the default modes)", "", "| task | variant | target | measured | met |",
+              "|---|---|---|---:|---|"]  # fmt: skip
+    for t in result["targets"]:
+        where = f" ({t['at']})" if "at" in t else ""
+        measured = _pct(t["measured"]) if "4-grams" in t["target"] else _f(t["measured"])
+        lines.append(f"| {t['task']} | {t['variant']} | {t['target']} | {measured}{where} | "
+                     f"{'yes' if t['met'] else '**no**'} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def card_metrics(result: dict[str, Any]) -> dict[str, str]:
+    """Flat metric -> value (formatted) for the exporter's model card table."""
+    keys = ("judge_ppl_ratio_infill", "fill_ratio_infill", "seam_ratio_infill", "judge_ppl_ratio_continuation",
+            "fill_ratio_continuation", "judge_ppl_ratio_infill_ar", "judge_ppl_ratio_continuation_ar",
+            "tokens_per_forward", "seconds_per_canvas")  # fmt: skip
+    out: dict[str, str] = {k: _f(result[k]) for k in keys if k in result}
+    if "headline_variants" in result:
+        out["default_modes"] = ", ".join(f"{k} {v}" for k, v in result["headline_variants"].items())
+    sweep = result.get("sweep")
+    if sweep:
+        best = sweep["best_within_10pct"]
+        out["tokens_per_forward_within_10pct"] = (
+            f"{_f(best['tokens_per_forward'])} (steps {best['max_steps']}, bound {best['entropy_bound']:g})"
+        )
+    out["judge"] = str(result["judge"])
+    return out
+
+
+def card_section(result: dict[str, Any], command: str) -> str:
+    """The evaluation as a model-card block: the command, the tables, the defaults written, one output per task."""
+    tables = markdown(result).split("\n", 2)[2].rstrip()  # without the "## Evaluation of" heading
+    lines = [f"`{command}` ({result['wall_s']:.0f} s, {result.get('threads', '?')} threads):", "", tables, ""]
+    written = result.get("defaults_written")
+    if written:
+        modes = f"infill **{written['default_mode_infill']}**, continuation **{written['default_mode_continuation']}**"
+        ar = ", ".join(f"{k} {written[k]}" for k in ("ar_drafts", "ar_seam_tokens") if k in written)
+        lines += [f"Defaults written: modes {modes}{f' ({ar})' if ar else ''} (`dcanvas_sampler.json`: the best "
+                  "quality within the speed bounds, by the rule of `canvas.eval.choice`)."]
+        if "max_steps" in written:
+            lines += [f"Sampler: **{written['max_steps']} steps, entropy bound {written['entropy_bound']:g}** "
+                      "(`generation_config.json`: the fastest sweep point within 10% of the best judge perplexity)."]
+        lines.append("")
+    examples = result.get("examples") or []
+    if examples:
+        cfg = result["config"]
+        lines += [f"Outputs on the first sample of each task ({cfg['max_steps']} steps, bound "
+                  f"{cfg['entropy_bound']:g}; `[[...]]` is the model's text, `{{...}}` the human text it replaces):",
+                  "", "```"]  # fmt: skip
+        for ex in examples:
+            for variant, output in ex["outputs"].items():
+                text = f"...{ex['before'][-160:]}[[{output}]]{ex['after'][:80]}..."
+                lines.append(f"{ex['task']} {variant}: {_one_line(text)}")
+            lines.append(f"{ex['task']} human: {{{_one_line(ex['human'])}}}")
+        lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    """Text for one line of a fenced block: newlines shown as a pilcrow, backticks that could close the fence cut."""
+    return text.replace("\n", " ¶ ").replace("```", "'''")
+
+
+def update_card(path: Path, key: str, section: str) -> None:
+    """Write `section` into the model card at `path` as the block named `key`: in place of that block if the card has
+    it, else at the end of its `## Evaluation` section (replacing the exporter's placeholder), else at the end."""
+    begin, end = f"<!-- dcanvas eval {key}: begin -->", f"<!-- dcanvas eval {key}: end -->"
+    block = f"{begin}\n{section.rstrip()}\n{end}\n"
+    text = path.read_text(encoding="utf-8")
+    if begin in text and end in text.split(begin, 1)[1]:
+        head, rest = text.split(begin, 1)
+        text = head + block.rstrip("\n") + rest.split(end, 1)[1]
+    else:
+        text = text.replace(PLACEHOLDER + "\n", "")
+        lines = text.splitlines(keepends=True)
+        heading = next((i for i, ln in enumerate(lines) if ln.strip() == "## Evaluation"), None)
+        if heading is None:
+            text = text.rstrip("\n") + "\n\n## Evaluation\n\n" + block
+        else:
+            nxt = next((i for i in range(heading + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            after = "".join(lines[nxt:])
+            text = "".join(lines[:nxt]).rstrip("\n") + "\n\n" + block + ("\n" + after if after else "")
+    path.write_text(text, encoding="utf-8")

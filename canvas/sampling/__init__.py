@@ -1,0 +1,8 @@
+"""The sampler and the settings a model directory carries for it.
+
+Map: `sampler` (`SamplerConfig`, the pin-aware entropy-bound step: temperature schedule, acceptance, renoising,
+stopping; the noise sources; reading and writing a model's sampler defaults, `dcanvas_sampler.json`), `modes` (which
+mode a request runs in when it names none: the model's default per kind, infill or continuation). Pure functions
+over logits: imports only `kernels` (the fused sampler step). Below the model because `canvas.model` saves a
+`SamplerConfig` beside its weights; imported by the model, the conversion, the engine, the server and the eval.
+"""

@@ -1,0 +1,24 @@
+"""The server's HTTP dialects for text generation: OpenAI-compatible completions and llama.cpp's `/infill`, over one
+shared HTTP core.
+
+Map: `core` (`HttpApi`: who may call, body limits, how a request's generation is tied to its connection; `Refusal`,
+server-sent events), `textgen` (text in, engine request out, text back), `textrun` (the `n` generations of one
+request as a stream of text events), `openai` and `llama_infill` (the two dialects' routes), `llama_fields` and
+`llama_instruct` (llama.cpp's request fields and llama.vim's instruction shape). `routes` below assembles both
+dialects for `canvas.server.app`. May import the engine (`canvas.engine`), the sampler settings, and
+`canvas.server.admission` / `config` / `security`; the dialects import `core`, never the other way round. Imported
+by `canvas.server.app` only (and the tests).
+"""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from canvas.server.http.core import HttpApi
+from canvas.server.http.llama_infill import infill_routes
+from canvas.server.http.openai import openai_routes
+
+
+def routes(api: HttpApi) -> list[BaseRoute]:
+    """Every HTTP generation route: the OpenAI-compatible ones, then llama.cpp's `/infill`."""
+    return [*openai_routes(api), *infill_routes(api)]

@@ -1,0 +1,230 @@
+"""llama.cpp's `POST /infill`, as its server defines it, so that editor plugins written for it (llama.vim,
+llama.vscode) work unmodified against `dcanvas serve`.
+
+Owns the request model and the response shapes. The text before the gap is the extra context chunks (`input_extra`,
+oldest first; their file names are not used), then `input_prefix`, then `prompt` (llama.vim sends the current line
+up to the cursor there); `input_suffix` follows the gap. `n_predict` is the token budget (-1: the largest gap; 0:
+nothing is generated, as llama.vim's context warm-up requests expect; with no suffix, -1 is one canvas).
+
+Like llama.cpp, unknown fields are ignored, and so are the sampler chain's knobs (`samplers`, penalties, ...;
+`top_k`, `top_p` and `min_p` cut the tail of AR mode's next-token distribution)
+and the slot and cache hints; a field that could not be ignored without changing what the client gets (`grammar`,
+`json_schema`, `n_probs`, `logit_bias`, `lora`, ...) is refused with a 400. Supported: `n_indent` (the text ends
+at the first later line indented less), `t_max_predict_ms` (after that long, the first draft holding a newline is
+taken as the result), `stop`, `seed`, `temperature`, `stream` and `response_fields` (paths such as
+`timings/prompt_n` become top-level keys, as llama.vim reads them), and our extension `dcanvas: {mode}` (left
+out: the model's default mode for an infill). Responses are compact JSON: llama.vim matches `"content":"`
+literally. The budget, seed, time limit and refused fields are shared with the OpenAI routes
+(`canvas.server.http.llama_fields`). The field table is docs/openai-llama.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from canvas.sampling.sampler import Mode
+from canvas.server.http.core import ClientGone, HttpApi, Refusal, sse
+from canvas.server.http.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
+from canvas.server.http.textgen import CutRule, Plan, TextTask, plan, sampler_config
+from canvas.server.http.textrun import Delta, Draft, Event, Finish, GenerationFailed
+
+
+class ExtraChunk(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str = ""
+    filename: str = ""  # not used: the model has no file-separator tokens
+
+
+class InfillExtension(BaseModel):
+    """`dcanvas`: settings of ours that llama.cpp has no field for."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Mode | None = None  # "diffusion" or "ar"; None: the model's default for an infill (or a continuation)
+
+
+class InfillRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # llama.cpp ignores what it does not know
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = Field(default_factory=list)
+    prompt: str = ""
+    n_predict: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=-1)  # llama.cpp's alias when n_predict is absent
+    temperature: float | None = Field(default=None, ge=0)
+    top_k: int | None = None  # AR mode's truncation (<= 0: off); diffusion has no such step
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = None  # -1: a random seed
+    stop: str | list[str] = Field(default_factory=list)
+    stream: bool = False
+    t_max_predict_ms: int = Field(default=0, ge=0)
+    n_indent: int = Field(default=0, ge=0)
+    response_fields: list[str] | None = None
+    dcanvas: InfillExtension | None = None
+    # Refused unless absent or neutral.
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    n_probs: int | None = None
+    logit_bias: Any = None
+    lora: list[Any] | None = None
+    n_cmpl: int | None = None
+    ignore_eos: bool | None = None
+    multimodal_data: Any = None
+
+
+def _error(e: Refusal) -> Response:
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "unavailable_error",
+            500: "server_error"}.get(e.status, "invalid_request_error")
+    return JSONResponse({"error": {"code": e.status, "message": e.message, "type": kind}}, status_code=e.status,
+                        headers=e.headers())
+
+
+def indent_rule(n_indent: int) -> CutRule:
+    """llama.cpp's `n_indent`: after the first newline, the text ends at the first line whose indentation (spaces
+    and tabs) is narrower than `n_indent`, just before that line's first other character."""
+
+    def cut(text: str) -> int | None:
+        nl = text.find("\n")
+        while nl >= 0:
+            k = nl + 1
+            while k < len(text) and text[k] in " \t":
+                k += 1
+            if k < len(text) and k - (nl + 1) < n_indent:
+                return k
+            nl = text.find("\n", nl + 1)
+        return None
+
+    return cut
+
+
+def _parse(data: dict[str, Any]) -> InfillRequest:
+    try:
+        req = InfillRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise Refusal(400, f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+    for name, reason in REFUSED.items():
+        if refused_value(name, getattr(req, name)):
+            raise Refusal(400, f"`{name}` is not supported by this server: {reason}")
+    return req
+
+
+def _task(api: HttpApi, req: InfillRequest) -> TextTask:
+    extra = "".join(c.text if c.text.endswith("\n") or not c.text else c.text + "\n" for c in req.input_extra)
+    before = extra + req.input_prefix + req.prompt
+    api.check_text(before, req.input_suffix)
+    infill = bool(req.input_suffix)
+    asked = req.n_predict if req.n_predict is not None else req.max_tokens
+    budget = llama_budget(-1 if asked is None else asked, infill=infill,
+                          canvas_length=api.backend.canvas_length, max_canvases=api.limits.max_canvases)
+    try:
+        mode = api.backend.mode_for(req.dcanvas.mode if req.dcanvas else None, "infill" if infill else "continuation")
+        config = sampler_config(api.backend.sampler_defaults, temperature=req.temperature, mode=mode,
+                                top_k=req.top_k, top_p=req.top_p, min_p=req.min_p)
+    except ValueError as e:
+        raise Refusal(400, str(e)) from None
+    seed = llama_seed(req.seed)
+    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
+    cut = indent_rule(req.n_indent) if req.n_indent > 0 else None
+    return TextTask(before, req.input_suffix or None, budget, config, seed, 1, tuple(s for s in stops if s), cut)
+
+
+def _stop_type(f: Finish) -> str:
+    return {"eos": "eos", "word": "word"}.get(f.reason, "limit")
+
+
+def _timings(p: Plan, f: Finish) -> dict[str, float | int]:
+    prompt_ms, predicted_ms = f.queued_s * 1000, f.wall_s * 1000
+    return {
+        "prompt_n": p.prompt_tokens,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / max(p.prompt_tokens, 1), 3),
+        "prompt_per_second": round(p.prompt_tokens / prompt_ms * 1000, 3) if prompt_ms > 0 else 0.0,
+        "predicted_n": f.tokens,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / max(f.tokens, 1), 3),
+        "predicted_per_second": round(f.tokens / predicted_ms * 1000, 3) if predicted_ms > 0 else 0.0,
+    }
+
+
+def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish) -> dict[str, Any]:
+    """The final object: llama.cpp's completion result (content, stop_type, timings, ...)."""
+    cfg = task.config
+    settings = {"n_predict": task.max_tokens, "temperature": cfg.t_max, "seed": task.seed if task.seed is not None
+                else -1, "stop": list(task.stop), "n_indent": req.n_indent, "t_max_predict_ms": req.t_max_predict_ms,
+                "stream": req.stream, "max_steps": cfg.max_steps, "entropy_bound": cfg.entropy_bound, "mode": cfg.mode,
+                "gap_min_fill": p.request.config.gap_min_fill}  # fmt: skip
+    return {
+        "index": 0, "content": f.text, "tokens": [], "id_slot": 0, "stop": True, "model": api.backend.name,
+        "tokens_predicted": f.tokens, "tokens_evaluated": p.prompt_tokens, "generation_settings": settings,
+        "prompt": "", "has_new_line": "\n" in f.text, "truncated": p.truncated, "stop_type": _stop_type(f),
+        "stopping_word": f.stop_word or "", "tokens_cached": 0, "timings": _timings(p, f),
+        "dcanvas": {"steps": f.steps},  # an extension: the denoising steps it took
+    }  # fmt: skip
+
+
+def project(result: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama.cpp's `response_fields`: each path (`timings/prompt_n`) becomes a top-level key named by the path;
+    missing paths are left out."""
+    out: dict[str, Any] = {}
+    for path in fields:
+        node: Any = result
+        for part in path.split("/"):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            out[path] = node
+    return out
+
+
+def infill_routes(api: HttpApi) -> list[BaseRoute]:
+    async def infill(request: Request) -> Response:
+        try:
+            req = _parse(await api.read_json(request))
+            task = _task(api, req)
+            try:  # tokenizing a long prompt is work: off the event loop
+                the_plan = await asyncio.to_thread(plan, api.backend, task, max_context=api.limits.max_context_tokens)
+            except ValueError as e:
+                raise Refusal(400, str(e)) from None
+            if task.max_tokens == 0:  # a warm-up: nothing to generate
+                body = _result(api, req, task, the_plan, Finish(0, "length", "", 0, None, 0, 0.0, 0.0))
+                return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
+            run = await api.start(the_plan, task, api.owner(request))
+        except Refusal as e:
+            return _error(e)
+        deadline = Deadline(run, req.t_max_predict_ms)
+        if not req.stream:
+            try:
+                (done,) = await api.collect(request, run, deadline)
+            except ClientGone:
+                return Response(status_code=499)  # nobody reads it
+            except GenerationFailed as e:
+                return _error(Refusal(e.refusal_status(), f"the generation failed: {e}",
+                                      retry_after=1.0 if e.retryable else None))
+            body = _result(api, req, task, the_plan, done)
+            return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
+
+        def render(ev: Event) -> list[str]:
+            deadline(ev)
+            base = {"index": 0, "tokens": [], "stop": False, "id_slot": 0, "tokens_evaluated": the_plan.prompt_tokens}
+            if isinstance(ev, Delta):
+                return [sse({**base, "content": ev.text})]
+            if isinstance(ev, Draft):
+                info = {"draft": ev.text, "step": ev.step, "max_steps": ev.max_steps, "canvas": ev.canvas}
+                return [sse({**base, "content": "", "dcanvas": info})]
+            return [sse({**_result(api, req, task, the_plan, ev), "content": ""})]
+
+        def failed(message: str) -> list[str]:
+            return [sse({"error": {"code": 500, "message": f"the generation failed: {message}",
+                                   "type": "server_error"}})]
+
+        return api.stream(run, render, list, failed)
+
+    return [Route("/infill", infill, methods=["POST"])]

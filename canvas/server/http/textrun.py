@@ -1,0 +1,213 @@
+"""`TextRun`: the `n` engine generations of one HTTP request, as an async stream of per-choice text events.
+
+Every choice is one `GenRequest` submitted to the server's engine through `submit` (the server's admission
+control, so HTTP requests queue and batch with the websocket sessions' generations; a refusal raises out of `start`,
+and the caller closes the run, which takes the choices already queued out of the queue). The engine's events cross
+from its thread with `call_soon_threadsafe`; `events()` drains what has arrived, feeds each committed canvas to the
+choice's `TextReader` and yields:
+- `Delta`: text that has become final (a committed canvas, less what may still start a stop sequence);
+- `Draft`: the choice's text if the current canvas were committed now, with its step (latest wins: frames that
+  arrive together give one draft), for clients that show the canvas converging;
+- `Finish`: the choice is over (its reason, the whole text, token counts, timings).
+
+A canvas is final when the engine commits it: a frame of a later canvas means the previous canvas is committed,
+and it is the draft of that canvas's last frame (the engine always emits the frame of the step that stops a
+canvas, and commits exactly that argmax); the last canvases come from `Done`. A choice ended early (a stop
+sequence, `settle`) has its engine generation cancelled; `close()` cancels whatever is still running, which is what
+a client that goes away triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from canvas.engine.backend import Backend
+from canvas.engine.core import Done, Frame, GenHandle, GenRequest
+from canvas.server.http.textgen import End, Plan, TextReader, TextTask
+
+
+class GenerationFailed(Exception):
+    """The engine failed a choice's generation (or stopped without being asked to). `retryable`: its engine went away
+    (a Ray Serve replica died, status `unavailable`); the same request may succeed now on another."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+    def refusal_status(self) -> int:
+        """The HTTP status of a response that had not started: 503 (retry) or 500."""
+        return 503 if self.retryable else 500
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    index: int
+    text: str
+    step: int
+    max_steps: int
+    canvas: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    index: int
+    reason: End
+    text: str
+    tokens: int  # generated tokens in `text`
+    stop_word: str | None
+    steps: int
+    queued_s: float  # from submission to the first denoising step: the queue and the prompt's encoding
+    wall_s: float  # from the first step to the end
+
+
+Event = Delta | Draft | Finish
+# How a run puts one choice's request in the engine's queue (the server's admission control; it may raise).
+Submit = Callable[[GenRequest, Callable[[Frame | Done], None]], Awaitable[GenHandle]]
+
+
+class _Choice:
+    def __init__(self, index: int, reader: TextReader, submitted: float) -> None:
+        self.index, self.reader, self.submitted = index, reader, submitted
+        self.handle: GenHandle | None = None
+        self.last: Frame | None = None  # the newest frame of the current canvas
+        self.fresh = False  # a frame arrived since the last draft
+        self.first_frame: float | None = None
+        self.sent = 0  # characters of text yielded as deltas
+        self.steps = 0
+        self.finished = False
+
+
+class TextRun:
+    def __init__(self, backend: Backend, plan: Plan, task: TextTask, submit: Submit | None = None) -> None:
+        self.backend, self.plan, self.task = backend, plan, task
+        self._submit: Submit = submit if submit is not None else self._on_engine
+        self.queue: asyncio.Queue[tuple[int, Frame | Done]] = asyncio.Queue()
+        self.choices: list[_Choice] = []
+        self._settle: set[int] = set()
+
+    async def _on_engine(self, request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
+        return self.backend.engine.submit(request, deliver)  # no admission control: straight into the engine
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = time.perf_counter()
+        for i in range(self.task.n):
+            seed = self.task.seed + i if self.task.seed is not None else secrets.randbits(63)
+            choice = _Choice(i, TextReader(self.backend, self.plan, self.task), now)
+            self.choices.append(choice)
+            request = dataclasses.replace(self.plan.request, config=dataclasses.replace(self.plan.request.config,
+                                                                                        seed=seed))
+
+            def deliver(ev: Frame | Done, i: int = i) -> None:  # on the engine's thread (or ours: a queued cancel)
+                try:
+                    loop.call_soon_threadsafe(self.queue.put_nowait, (i, ev))
+                except RuntimeError:  # the event loop is gone (shutting down): nobody is listening
+                    pass
+
+            choice.handle = await self._submit(request, deliver)
+
+    def close(self) -> None:
+        """Cancel every generation still running (idempotent)."""
+        for c in self.choices:
+            if c.handle is not None and not c.finished:
+                c.handle.cancel()
+
+    def settle(self, index: int) -> None:
+        """End choice `index` at its current draft (a time limit ran out): it is taken as committed."""
+        self._settle.add(index)
+
+    @property
+    def running(self) -> bool:
+        return any(not c.finished for c in self.choices)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every choice's events until all have finished; raises GenerationFailed."""
+        try:
+            while self.running:
+                if not self._settle:
+                    item = await self.queue.get()
+                    batch = [item]
+                else:
+                    batch = []
+                while not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                for i, ev in batch:
+                    for out in self._on_event(self.choices[i], ev):
+                        yield out
+                for i in sorted(self._settle):
+                    for out in self._settle_now(self.choices[i]):
+                        yield out
+                self._settle.clear()
+                for c in self.choices:
+                    if c.fresh and not c.finished and c.last is not None:
+                        c.fresh = False
+                        text = c.reader.preview(c.last.draft)
+                        yield Draft(c.index, text, c.last.step, c.last.max_steps, c.last.canvas_index)
+        finally:
+            self.close()
+
+    # -- one engine event ----------------------------------------------------------------------------------------
+
+    def _on_event(self, c: _Choice, ev: Frame | Done) -> list[Event]:
+        if c.finished:
+            return []
+        out: list[Event] = []
+        if isinstance(ev, Frame):
+            if c.first_frame is None:
+                c.first_frame = time.perf_counter() - ev.elapsed_s
+            if c.last is not None and ev.canvas_index > c.last.canvas_index:
+                out += self._commit(c, c.last.draft, last=False)  # the previous canvas's stopping frame
+            c.last, c.fresh = ev, True
+            c.steps += 1
+            return out
+        if ev.status != "completed":
+            c.finished = True
+            raise GenerationFailed(ev.error or f"the generation was {ev.status}", retryable=ev.status == "unavailable")
+        c.steps = ev.steps
+        fed = c.reader.canvases
+        for k in range(fed, len(ev.canvases)):
+            out += self._commit(c, ev.canvases[k], last=k == len(ev.canvases) - 1)
+        if not c.finished:  # the engine ended with nothing more to read (e.g. every canvas already fed)
+            c.reader.feed((), last=True)
+            out += self._emit(c)
+        return out
+
+    def _settle_now(self, c: _Choice) -> list[Event]:
+        if c.finished:
+            return []
+        draft = c.last.draft if c.last is not None and c.last.canvas_index == c.reader.canvases else ()
+        return self._commit(c, draft, last=True, settled=True)
+
+    def _commit(self, c: _Choice, canvas: tuple[int, ...] | list[int], *, last: bool,
+                settled: bool = False) -> list[Event]:
+        c.reader.feed(canvas, last=last, settled=settled)
+        return self._emit(c)
+
+    def _emit(self, c: _Choice) -> list[Event]:
+        r = c.reader
+        out: list[Event] = []
+        safe = r.safe
+        if safe > c.sent:
+            out.append(Delta(c.index, r.text[c.sent : safe]))
+            c.sent = safe
+        if r.done:
+            c.finished = True
+            if c.handle is not None:
+                c.handle.cancel()  # ended early (a stop sequence, a settled draft): free its engine row
+            now = time.perf_counter()
+            first = c.first_frame if c.first_frame is not None else now
+            assert r.reason is not None
+            out.append(Finish(c.index, r.reason, r.text, r.tokens, r.stop_word, c.steps,
+                              max(0.0, first - c.submitted), max(0.0, now - first)))
+        return out
