@@ -148,7 +148,7 @@ class Evaluator:
 
         self.backend, self.judge, self.cfg = backend, judge, cfg
         self.engine: Engine = Engine(backend.engine.model, max_batch=1, context_cache_size=0,
-                                     clause_ends=backend.engine.clause_ends)
+                                     clause_ends=backend.engine.clause_ends, fim=backend.engine.fim)
         self.progress = progress
         self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
         self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int]]] = {}

@@ -21,9 +21,11 @@ would spend three quarters of the examples on gaps over 64 tokens.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -77,6 +79,24 @@ def fim_tokens(tokenizer: Any) -> FimTokens:
     special = special_ids(tokenizer)
     pre, suf, mid, end = (int(i) for i in ids if i is not None)
     return FimTokens(pre, suf, mid, end, bos=special["bos"], pad=special["pad"], eos=special["eos"])
+
+
+def model_fim_tokens(model_dir: str | Path, tokenizer: Any) -> FimTokens | None:
+    """The FIM ids when the model in `model_dir` has the FIM format: its build applied FIM adapters (`build.json`
+    records them as `fim_adapters`) and its tokenizer has the sentinels; else None. The sentinels alone say
+    nothing: every vocabulary since they were reserved has them, trained or not."""
+    record = Path(model_dir) / "build.json"
+    try:
+        meta = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
+    except ValueError:
+        return None
+    fingerprint = meta.get("fingerprint") if isinstance(meta, dict) else None
+    if not isinstance(fingerprint, dict) or not fingerprint.get("fim_adapters"):
+        return None
+    try:
+        return fim_tokens(tokenizer)
+    except FimUnavailable:
+        return None
 
 
 def end_token_id(tokenizer: Any) -> int:
