@@ -243,6 +243,8 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
 
     t0 = time.perf_counter()
     check_variants(cfg)
+    if True in cfg.fim and backend.engine.fim is None:
+        raise EvalError(f"--fim on: {backend.name} has no fill-in-the-middle format (built without FIM adapters)")
     samples = build_samples(docs, backend, cfg)
     ev = Evaluator(backend, judge, cfg, progress)
     ev.warm_up(samples[cfg.tasks[0]][0])

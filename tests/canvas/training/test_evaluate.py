@@ -445,6 +445,27 @@ def test_headline_is_the_default_mode_of_each_kind(backend: Backend, judge: Judg
     assert only_diffusion["headline_variants"]["infill"] == "diffusion"  # the default was not run: the first mode
 
 
+def test_an_infill_only_comparison_of_ar_settings(backend: Backend, judge: Judge,
+                                                   docs: list[tuple[str, str]]) -> None:  # fmt: skip
+    """Temperature x SMC variants over infills alone (--no-continuation): one AR variant per combination, each
+    record with its settings, no continuation figure; FIM asked of a model without the format is an EvalError."""
+    from canvas.training.eval_report import markdown
+
+    cfg = dataclasses.replace(PRESETS["tiny"], samples=1, sweep_task="", continuation=False, modes=("ar",),
+                              gaps=(4,), ar_drafts=(2,), ar_temperature=(0.7, 0.9), ar_smc_every=(0, 2))
+    result = evaluate(backend, judge, docs, cfg)
+    assert [p["variant"] for p in result["results"]] == ["ar K=2 t=0.7 smc=0", "ar K=2 t=0.7 smc=2",
+                                                         "ar K=2 t=0.9 smc=0", "ar K=2 t=0.9 smc=2"]
+    assert {p["task"] for p in result["results"]} == {"infill-4"}
+    assert {(r["ar_temperature"], r["ar_smc_every"]) for r in result["records"]} == {(0.7, 0), (0.7, 2), (0.9, 0),
+                                                                                     (0.9, 2)}
+    assert math.isnan(result["fill_ratio_continuation"]) and math.isfinite(result["fill_ratio_infill"])
+    assert "infill-4" in markdown(result)
+    json.dumps(result)
+    with pytest.raises(EvalError, match="fim"):
+        evaluate(backend, judge, docs, dataclasses.replace(cfg, ar_smc_every=(), fim=(True, False)))
+
+
 def test_read_texts(tmp_path: Path) -> None:
     lines = tmp_path / "news.jsonl"
     lines.write_text('{"id": "a", "text": "First."}\n\n{"text": "Second."}\n', encoding="utf-8")
