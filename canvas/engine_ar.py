@@ -91,7 +91,6 @@ class ARWalk:
         self.gaps_done = 0
         self.forwards = self.generated = 0
         self.seam_aware_gaps = 0  # gaps filled by scored drafts (the Done's mode says so)
-        self.fim_gaps = 0  # of which drafted in the FIM frame
         self.touched: tuple[int, int] = (0, 0)  # slots written since the caller last looked
         self.drafting = False
         self.serial = 0  # a new value for every drafted gap (and SMC resample): its lanes' identity in the batch
@@ -351,7 +350,6 @@ class ARWalk:
         self.touched = (self.start, self.end)
         self.generated += e
         self.seam_aware_gaps += self.scored
-        self.fim_gaps += self.fim_cache is not None
         self.gaps_done += 1
         self.drafting = False
         self.pos = self.end
