@@ -338,6 +338,19 @@ def test_write_defaults_stores_the_chosen_modes_and_keeps_the_rest(tmp_path: Pat
         load_sampler_defaults(tmp_path).max_steps, load_sampler_defaults(tmp_path).entropy_bound)
 
 
+def test_write_defaults_leaves_fim_on_to_the_model(tmp_path: Path) -> None:
+    """An AR choice with FIM on stores `fim` null (on when the model has the format; `true` would make a build
+    without FIM adapters refuse AR infills), over a false stored before; FIM off is stored as false."""
+    for fim, stored in ((False, False), (True, None)):
+        ar = {"kind": "infill", "mode": "ar", "ar_drafts": 8, "ar_seam_tokens": None, "ar_temperature": 0.85,
+              "fim": fim, "ar_smc_every": 0}
+        choice = {"infill": ar, "continuation": None, "candidates": [ar, {"kind": "infill", "mode": "diffusion"}]}
+        written = write_defaults(tmp_path, choice)
+        assert {k: written.get(k) for k in ("ar_drafts", "ar_temperature", "ar_smc_every")} == {
+            "ar_drafts": 8, "ar_temperature": 0.85, "ar_smc_every": 0}
+        assert written["fim"] is stored and load_sampler_defaults(tmp_path).fim is stored
+
+
 def test_variants_and_their_checks() -> None:
     cfg = EvalConfig(modes=("diffusion", "ar"), ar_drafts=(1, 8))
     assert [v.label for v in cfg.variants] == ["diffusion", "ar K=1", "ar K=8"]
