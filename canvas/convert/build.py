@@ -2,7 +2,8 @@
 
 Owns the pipeline and its cache: join and check the GGUF (`source`), load it once and keep an HF copy, convert
 (`gemma3`), trim the vocabulary (`vocab`), apply the committed trained weights when they exist (the diffusion
-adapters, then the FIM adapters; the model's sampler settings then say `fim`), and write the
+adapters, then the FIM adapters, which `build.json` records as `fim_adapters`: what says the model has the FIM
+format, `canvas.convert.fim.model_fim_tokens`), and write the
 model directory with the Gemma notice and a `build.json` that records every input's hash and every output
 file's sha256. A second build with the same inputs only re-checks the files (idempotent); a changed input or a
 damaged file rebuilds. The directory is written beside its final place and renamed in, so a build interrupted
@@ -227,7 +228,7 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     # AR mode samples at 0.7: greedy decoding of a 270M base model loops ("beautiful, beautiful, ..."), as the
     # original Gemma 3 does; the diffusion sampler's defaults stay the reference's until the fine-tune sets them.
     # The measured generation defaults, when `dcanvas eval --write-defaults` has written them (`GENERATION`).
-    sampler, extra = _sampler_and_extra(_generation(), ar_temperature=0.7, fim=fim)
+    sampler, extra = _sampler_and_extra(_generation(), ar_temperature=0.7)
     model.save_pretrained(str(tmp), sampler=sampler)
     if extra:
         from canvas.sampling.modes import write_extra

@@ -11,6 +11,22 @@ log-likelihood of the first `ar_seam_tokens` pinned tokens after it, all candida
 (`seam_logprobs`); the best is written and the rest of the gap becomes `<null>`. Any other gap gets one lane and is
 filled to its end: the plain AR fill. A later gap sees the chosen fill of earlier ones.
 
+FIM (the model has the fill-in-the-middle format and `SamplerConfig.fim` allows it): a scored gap's lanes draft in
+the FIM frame instead, from one prefill of `fim_prompt(left, right)` (the row's text before the gap, the pinned run
+after it, both cut to the lengths the fine-tune saw), each lane writing the middle until `<|fim_end|>` (never
+before `ar_min_fill` of the gap) or the budget. Every FIM lane has a plain shadow row in the batch, fed the same
+tokens after the row's plain context: the seam is still scored by the plain AR likelihood of the right side's first
+tokens after left + middle (the adapters are merged into the weights, so they are on in both frames). Why: the
+seam score then measures one thing with or without FIM (the continuation the judge and a reader see), a draft that
+reads well only in the FIM frame gains nothing, and the shadow costs one more row per lane in a step that reads
+the weights once anyway, instead of a re-encode of every draft at the end. The FIM frame's own likelihood of the
+draft (conditioned on both sides) is what `ar_draft_weight` weighs.
+
+SMC (`ar_smc_every` N > 0): every N tokens each lane's running seam score (the seam's plain log-likelihood right
+after the draft as it stands, one forward over all lanes) weighs it by its gain since its ancestor was last
+weighed, and the K lanes are resampled (multinomial, the row's generator) at `ar_smc_temperature`; their cache rows
+follow them at the next batch step (`ARWalk.moved`).
+
 Legend: K lanes of one row, B lanes of all rows, g gap slots, E endings per lane, S seam tokens, V vocabulary.
 """
 
@@ -24,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, fim_prompt
 from canvas.engine.types import Drafts
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampling.sampler import SamplerConfig, truncate_logits
@@ -32,6 +49,9 @@ _NEG = float("-inf")
 _serials = itertools.count(1)
 _CLAUSE_MARKS = ".,;:!?"  # a token whose text ends with one of these (closing quotes aside) ends a clause
 _CLOSERS = "\"')]\u201d\u2019"
+# A FIM prompt's sides are cut to what the fine-tune saw (`canvas.convert.fim`): the last tokens of the left side,
+# the first of the right.
+_FIM_LEFT, _FIM_RIGHT = MAX_PREFIX, MAX_SUFFIX
 
 
 def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
@@ -55,27 +75,34 @@ class Candidate:
 
 class ARWalk:
     """One AR row's walk over its canvas. Mutates the row's `canvas` and `argmax` (L,) tensors in place; owns its
-    private single-row context cache `ctx` and the next-token logits `last` (V,) after it."""
+    private single-row context cache `ctx` (the plain frame: `context` and what the walk fed after it, kept in
+    `history`) and the next-token logits `last` (V,) after it. `fim`: the FIM ids when this row's infills prompt
+    with the FIM format (the engine resolves `SamplerConfig.fim` against the model)."""
 
     def __init__(self, model: DiffusionModel, cfg: SamplerConfig, ctx: KVCache, last: Tensor, canvas: Tensor,
                  argmax: Tensor, pinned: Tensor, used: int, generator: torch.Generator, *, keep_context: bool,
-                 room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = ()) -> None:
+                 room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = (),
+                 context: Sequence[int] = (), fim: FimTokens | None = None) -> None:
         self.model, self.cfg, self.ctx, self.last = model, cfg, ctx, last
         self.canvas, self.argmax, self.pinned, self.used = canvas, argmax, pinned, used
         self.generator, self.keep_context, self.room = generator, keep_context, room
         self.clause_ends, self.avoid = clause_ends, list(avoid)
+        self.history, self.fim = list(context), fim
         self.pos = 0  # the next slot to walk
         self.gaps_done = 0
         self.forwards = self.generated = 0
         self.seam_aware_gaps = 0  # gaps filled by scored drafts (the Done's mode says so)
         self.touched: tuple[int, int] = (0, 0)  # slots written since the caller last looked
         self.drafting = False
-        self.serial = 0  # a new value for every drafted gap: its lanes' identity in the batch
+        self.serial = 0  # a new value for every drafted gap (and SMC resample): its lanes' identity in the batch
+        self.moved: dict[int, tuple[int, int]] = {}  # after a resample: batch row -> (old serial, old row)
         self.lanes = 0
         self.start = self.end = self.n = 0
         self.scored = False
         self.seam: Tensor | None = None
+        self.fim_cache: KVCache | None = None  # the FIM prompt's cache while a FIM gap drafts
         self.tokens = self.lp = self.seam0 = self.feed_next = torch.empty(0)
+        self.done = self.length = self.potential = torch.empty(0)
         self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
         self.lead = 0  # the lane the canvas shows while the lanes grow
         self.scored_drafts: Drafts | None = None  # the last scored gap's drafts, with the one chosen
@@ -83,6 +110,15 @@ class ARWalk:
     @property
     def finished(self) -> bool:
         return not self.drafting and self.pos >= self.used
+
+    @property
+    def rows(self) -> int:
+        """Batch rows of the drafting lanes: K, or 2K in the FIM frame (the lanes, then their plain shadows)."""
+        return self.lanes * (2 if self.fim_cache is not None else 1)
+
+    def source(self, row: int) -> KVCache:
+        """The cache a new batch row `row` starts from: the FIM prompt's for a FIM lane, else the plain context."""
+        return self.fim_cache if self.fim_cache is not None and row < self.lanes else self.ctx
 
     @property
     def budget_left(self) -> int:
@@ -118,21 +154,23 @@ class ARWalk:
             end = pos
             while end < self.used and not bool(self.pinned[end]):
                 end += 1
-            seam_end = end  # the seam: the pinned tokens right after the gap, at most ar_seam_tokens
-            while seam_end < min(self.used, end + self.cfg.ar_seam_tokens) and bool(self.pinned[seam_end]):
-                seam_end += 1
+            run_end = end  # the pinned run after the gap: the FIM prompt's right side; its head is the seam
+            while run_end < self.used and bool(self.pinned[run_end]):
+                run_end += 1
             # A gap that ends before the used slots do ends at a pin: it has text after it.
-            seam = self.canvas[end:seam_end] if end < self.used else None
-            self._start_gap(pos, end, seam)
+            seam = self.canvas[end : min(run_end, end + self.cfg.ar_seam_tokens)] if end < self.used else None
+            self._start_gap(pos, end, seam, self.canvas[end:run_end])
 
     def _feed(self, tokens: Tensor) -> None:
         out, _ = self.model.encode(tokens[None], cache=self.ctx, logits="last")
         assert out is not None
         self.last = out[0, -1]
+        self.history.extend(tokens.tolist())
         self.forwards += 1
 
-    def _start_gap(self, start: int, end: int, seam: Tensor | None) -> None:
-        """Start drafting slots [start, end): sample each lane's first token from the context's logits."""
+    def _start_gap(self, start: int, end: int, seam: Tensor | None, right: Tensor) -> None:
+        """Start drafting slots [start, end): sample each lane's first token from the context's logits (the FIM
+        prompt's, in the FIM frame)."""
         scored = seam is not None and self.cfg.seam_aware
         self.scored = scored
         self.seam = seam if scored else None
@@ -140,22 +178,47 @@ class ARWalk:
         self.start, self.end, self.n = start, end, 0
         g = end - start
         dev = self.last.device
+        first = self.last
+        self.fim_cache = None
+        if scored and self.fim is not None:
+            prompt = fim_prompt(self.fim, self.history[-_FIM_LEFT:], right[:_FIM_RIGHT].tolist())
+            self.fim_cache = self.model.new_cache(1, len(prompt) + g)
+            out, _ = self.model.encode(torch.tensor([prompt], device=dev), cache=self.fim_cache, logits="last")
+            assert out is not None
+            first = out[0, -1]
+            self.forwards += 1
         self.tokens = torch.zeros(self.lanes, g, dtype=torch.long, device=dev)
-        self.lp = torch.zeros(self.lanes, g, device=dev)  # log p(draft token) at temperature 1
-        self.seam0 = torch.zeros(self.lanes, g, device=dev)  # log p(seam[0] | draft[:e]) at [:, e - 1]
+        self.lp = torch.zeros(self.lanes, g, device=dev)  # log p(draft token) at temperature 1 (the drafting frame)
+        self.seam0 = torch.zeros(self.lanes, g, device=dev)  # log p(seam[0] | draft[:e]) at [:, e - 1] (plain frame)
+        self.done = torch.zeros(self.lanes, dtype=torch.bool, device=dev)  # a FIM lane wrote `<|fim_end|>`...
+        self.length = torch.full((self.lanes,), g, dtype=torch.long, device=dev)  # ...after this many tokens
+        self.potential = torch.zeros(self.lanes, device=dev)  # SMC: each lane's score when last weighed
         self.serial = next(_serials)
+        self.moved = {}
         self.drafting = True
         self.seen = [{} for _ in range(self.lanes)]
-        self._sample(self.last[None].expand(self.lanes, -1))
+        self._sample(first[None].expand(self.lanes, -1))
+
+    def _banned(self) -> list[int]:
+        """Tokens a scored draft may not write now: `<null>`, EOS and, in the FIM frame, the other sentinels, and
+        `<|fim_end|>` until the shortest ending (or always, without `<null>` to pad a short fill)."""
+        cfg = self.model.config
+        out = [t for t in (cfg.null_token_id, *cfg.eos_token_ids) if t is not None]
+        if self.fim_cache is not None and self.fim is not None:
+            out += [self.fim.prefix, self.fim.suffix, self.fim.middle, self.fim.bos]
+            g = self.end - self.start
+            if cfg.null_token_id is None or self.n < max(1, math.ceil(self.cfg.ar_min_fill * g)):
+                out.append(self.fim.end)
+        return out
 
     def _sample(self, logits: Tensor) -> None:
-        """Sample each lane's next token from its logits (K, V) and record it."""
+        """Sample each lane's next token from its logits (K, V) and record it; a FIM lane that has ended writes
+        `<|fim_end|>` again (fed, never read)."""
         logits = logits.float()
         logp = torch.log_softmax(logits, dim=-1)  # (K, V)
         if self.scored:
-            banned = [t for t in (self.model.config.null_token_id, *self.model.config.eos_token_ids) if t is not None]
             logits = logits.clone()
-            logits[:, banned] = _NEG
+            logits[:, self._banned()] = _NEG
         n = self.cfg.ar_no_repeat
         if n and self.n >= n - 1:  # every draft, continuations too: a 270M base loops at any temperature we use
             logits = logits.clone()
@@ -171,6 +234,11 @@ class ARWalk:
         else:
             tok = logits.argmax(dim=-1)
         i = self.n
+        if self.fim is not None and self.fim_cache is not None:
+            tok = torch.where(self.done, self.fim.end, tok)
+            ended = (tok == self.fim.end) & ~self.done
+            self.length = torch.where(ended, i, self.length)
+            self.done |= ended
         self.tokens[:, i] = tok
         n = self.cfg.ar_no_repeat
         if n and i >= n - 1:
@@ -178,35 +246,68 @@ class ARWalk:
             for k, gram in enumerate(grams):
                 self.seen[k].setdefault(tuple(gram[:-1]), set()).add(gram[-1])
         self.lp[:, i] = logp.gather(1, tok[:, None])[:, 0]
-        lead = self.lead = int(self.lp[:, : i + 1].sum(1).argmax())  # the one shown while drafts grow
-        self.canvas[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]
-        self.argmax[self.start : self.start + i + 1] = self.tokens[lead, : i + 1]
-        self.touched = (self.start + i, self.start + i + 1)
+        # The leading draft is shown while drafts grow: the likeliest of those still writing.
+        lead_score = self.lp[:, : i + 1].sum(1).masked_fill(self.done, _NEG) if not bool(self.done.all()) else None
+        lead = self.lead = int(lead_score.argmax()) if lead_score is not None else 0
+        shown = min(i + 1, int(self.length[lead]))
+        self.canvas[self.start : self.start + shown] = self.tokens[lead, :shown]
+        self.argmax[self.start : self.start + shown] = self.tokens[lead, :shown]
+        self.touched = (self.start + shown - 1, self.start + shown) if shown else (self.start, self.start)
         self.feed_next = tok
 
     def feed(self) -> Tensor:
-        """(K,) the token each lane encodes this step."""
-        return self.feed_next
+        """(rows,) the token each batch row encodes this step (a FIM lane's shadow gets the lane's token)."""
+        return self.feed_next.repeat(self.rows // self.lanes)
 
     def take(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
-        """Consume this step's logits (K, V) after the fed tokens; `rows` (K,) are the lanes' rows in `batch`."""
+        """Consume this step's logits (rows, V) after the fed tokens; `rows` (rows,) are this walk's rows in
+        `batch`, lanes first, then their plain shadows in the FIM frame."""
+        K = self.lanes
         self.n += 1
         g = self.end - self.start
+        plain, plain_rows = logits[-K:], rows[-K:]  # the plain frame: the lanes themselves, or their shadows
         if self.seam is not None and len(self.seam):
-            logp = torch.log_softmax(logits.float(), dim=-1)
+            logp = torch.log_softmax(plain.float(), dim=-1)
             self.seam0[:, self.n - 1] = logp[:, int(self.seam[0])]
-        if self.n < g:
-            self._sample(logits)
+        if self.n < g and not bool(self.done.all()):
+            draft_logits = logits[:K]
+            every = self.cfg.ar_smc_every
+            if every and K > 1 and self.n % every == 0 and self.seam is not None and len(self.seam):
+                pick = self._resample(batch, plain_rows)
+                draft_logits = draft_logits[pick]
+            self._sample(draft_logits)
             return
-        self._choose(logits, batch, rows)
+        self._choose(plain, batch, plain_rows)
+
+    # ---- sequential Monte Carlo ------------------------------------------------------------------------------
+    def _resample(self, batch: KVCache, rows: Tensor) -> Tensor:
+        """Weigh each lane by the gain of its running seam score and draw K lanes by those weights; every lane's
+        state (and at the next step its cache rows) follows its pick. rows (K,) plain-frame rows -> pick (K,)."""
+        lengths = torch.where(self.done, self.length, self.n)[:, None]  # (K, 1): a finished lane as it ended
+        limits = batch.length - self.n + lengths
+        score = self.seam0.gather(1, (lengths - 1).clamp(min=0))[:, 0]
+        score = score + seam_logprobs(self.model, batch, rows, limits, self.seam)[:, 0]  # type: ignore[arg-type]
+        gain = (score - self.potential) / self.cfg.ar_smc_temperature
+        pick = torch.multinomial(torch.softmax(gain, dim=0), self.lanes, replacement=True, generator=self.generator)
+        self.tokens, self.lp, self.seam0 = self.tokens[pick], self.lp[pick], self.seam0[pick]
+        self.done, self.length, self.potential = self.done[pick], self.length[pick], score[pick]
+        self.seen = [{h: set(t) for h, t in self.seen[int(j)].items()} for j in pick.tolist()]
+        old, per = self.serial, self.rows // self.lanes
+        self.serial = next(_serials)
+        self.moved = {c * self.lanes + k: (old, c * self.lanes + int(j)) for c in range(per)
+                      for k, j in enumerate(pick.tolist())}
+        return pick
 
     # ---- the end of a gap ------------------------------------------------------------------------------------
     def endings(self, lane: int) -> list[int]:
-        """Draft lengths lane `lane` may end at: the budget, and clause or sentence ends (tokens in `clause_ends`;
-        without them, evenly spaced lengths) no shorter than `ar_min_fill` of the gap, nearest the budget first."""
+        """Draft lengths lane `lane` may end at: where its FIM middle ended, else the budget, and clause or sentence
+        ends (tokens in `clause_ends`; without them, evenly spaced lengths) no shorter than `ar_min_fill` of the
+        gap, nearest the budget first."""
         g = self.end - self.start
         if not self.scored or self.model.config.null_token_id is None:
             return [g]
+        if bool(self.done[lane]):
+            return [int(self.length[lane])]
         lo = max(1, math.ceil(self.cfg.ar_min_fill * g))
         if self.clause_ends is None:
             n = self.cfg.ar_endings
@@ -219,15 +320,15 @@ class ARWalk:
     def candidates(self, batch: KVCache, rows: Tensor) -> list[Candidate]:
         """Every (lane, ending) with its score: the seam's log-likelihood after it (the first seam token from the
         drafting logits, the rest from one forward over all candidates), plus `ar_draft_weight` times the draft's
-        mean token log-likelihood; with no seam tokens, the draft's mean log-likelihood alone."""
+        mean token log-likelihood; with no seam tokens, the draft's mean log-likelihood alone. `rows` (K,): the
+        plain-frame rows of `batch`."""
         ends = [self.endings(k) for k in range(self.lanes)]
         E = max(len(e) for e in ends)
         lengths = torch.tensor([e + [e[-1]] * (E - len(e)) for e in ends], device=rows.device)  # (K, E)
         cum = torch.cumsum(self.lp, dim=1)  # (K, g)
         mean_lp = cum.gather(1, lengths - 1) / lengths  # (K, E)
         if self.seam is not None and len(self.seam):
-            g = self.end - self.start
-            limits = batch.length - g + lengths  # the slot after each candidate's last draft token
+            limits = batch.length - self.n + lengths  # the slot after each candidate's last draft token
             seam = self.seam0.gather(1, lengths - 1) + seam_logprobs(self.model, batch, rows, limits, self.seam)
             score = seam + self.cfg.ar_draft_weight * mean_lp
         else:
@@ -235,6 +336,7 @@ class ARWalk:
         return [Candidate(k, e, float(score[k, i])) for k in range(self.lanes) for i, e in enumerate(ends[k])]
 
     def _choose(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
+        """End the gap: write the best candidate. logits (K, V) and rows (K,): the plain frame's."""
         g = self.end - self.start
         cands = self.candidates(batch, rows)
         avoid = self.avoid[self.gaps_done] if self.gaps_done < len(self.avoid) else ()
@@ -264,12 +366,15 @@ class ARWalk:
         self.drafting = False
         self.pos = self.end
         if self._needs_context(self.end):
-            if e == g:  # the lane's own cache holds exactly the fill: take it instead of encoding the fill again
+            if e == self.n:  # the row's plain cache holds exactly the fill: take it instead of encoding it again
                 self.ctx = KVCache.aligned([(batch, int(rows[k]))], self.room)
                 self.last = logits[k]
+                self.history.extend(fill.tolist())
             else:
                 self._feed(fill)
         self.lanes = 0
+        self.fim_cache = None
+        self.moved = {}
 
 
 class ARBatch:
@@ -283,15 +388,16 @@ class ARBatch:
         self.rebuilds = 0
 
     def step(self, walks: list[ARWalk]) -> Tensor:
-        """Encode each drafting walk's next tokens in one call; returns the logits (B, V), walks' lanes in order."""
-        want = [(w.serial, k) for w in walks for k in range(w.lanes)]
+        """Encode each drafting walk's next tokens in one call; returns the logits (B, V), walks' rows in order."""
+        want = [(w.serial, r) for w in walks for r in range(w.rows)]
         if want != self.members or self.cache is None:
             index = {m: i for i, m in enumerate(self.members)}
             sources: list[tuple[KVCache, int]] = []
             for w in walks:
-                for k in range(w.lanes):
-                    i = index.get((w.serial, k))
-                    sources.append((self.cache, i) if i is not None and self.cache is not None else (w.ctx, 0))
+                for r in range(w.rows):
+                    i = index.get(w.moved.get(r, (w.serial, r)))  # a resampled lane's row is its pick's
+                    sources.append((self.cache, i) if i is not None and self.cache is not None else (w.source(r), 0))
+                w.moved = {}
             self.cache = KVCache.aligned(sources, max(w.budget_left for w in walks))
             self.members = want
             self.rebuilds += 1

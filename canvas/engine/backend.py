@@ -143,6 +143,7 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     import torch
     from transformers import AutoTokenizer
 
+    from canvas.convert.fim import model_fim_tokens
     from canvas.model import load_pretrained
     from canvas.model.cpu import configure_allocator, configure_threads, parameter_count, resolve_dtype
     from canvas.model.int8 import decode_scheme, quantize_decode
@@ -162,9 +163,11 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     bos_id, eos_id, null_id = _special_ids(tok, model.config)
     # Where an AR infill's drafts may end (canvas.engine.ar): tokens that end a clause or a sentence.
     clause_ends = clause_end_ids(tok.convert_ids_to_tokens(list(range(model.config.vocab_size))))
+    # Whether AR infills may prompt with the FIM format: the build applied FIM adapters (never the vocabulary alone).
+    fim = model_fim_tokens(path, tok)
     return Backend(
         name=model.config.name or path.name,
-        local_engine=Engine(model, max_batch=max_batch, clause_ends=clause_ends),
+        local_engine=Engine(model, max_batch=max_batch, clause_ends=clause_ends, fim=fim),
         tokenizer=HFTokenizer(tok),
         canvas_length=model.config.canvas_length,
         bos_id=bos_id,

@@ -40,10 +40,12 @@ from collections.abc import Callable, Hashable
 import torch
 from torch import Tensor
 
+from canvas.convert.fim import FimTokens
 from canvas.engine.ar import ARBatch, ARWalk
 from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
 from canvas.model import DiffusionModel, KVCache
+from canvas.sampling.modes import request_kind
 from canvas.sampling.sampler import (
     GumbelNoise,
     NoiseSource,
@@ -121,9 +123,11 @@ class _Row:
 class Engine:
     def __init__(self, model: DiffusionModel, *, max_batch: int = 8, context_cache_size: int = 16,
                  noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
-                 clause_ends: frozenset[int] | None = None) -> None:
+                 clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None) -> None:
         """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
-        end after them); None spaces an AR infill's candidate endings evenly instead."""
+        end after them); None spaces an AR infill's candidate endings evenly instead. `fim`: the FIM ids when the
+        model has the FIM format (`canvas.convert.fim.model_fim_tokens`): AR infills then prompt with it unless a
+        request's `SamplerConfig.fim` is False; None refuses requests that require it."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model.eval()
@@ -146,6 +150,7 @@ class Engine:
         self._running = False
         self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
         self.clause_ends = clause_ends
+        self.fim = fim
         self._ar = ARBatch(model)
 
     # ---- public API ------------------------------------------------------------------------------------------
@@ -155,6 +160,9 @@ class Engine:
         would wait and may raise to refuse it (nothing changes then). `replacing`: a request this one supersedes; if
         it is still queued, this one is placed as if it had gone, and it leaves (cancelled) only if this one enters."""
         req.validate(self.L, self.model.config.vocab_size)
+        if req.config.fim and self.fim is None and req.config.mode == "ar" and request_kind(req.pinned) == "infill":
+            raise ValueError("fim: this model has no fill-in-the-middle format (built without the FIM adapters); "
+                             "leave fim unset or false")
         handle = GenHandle(next(self._ids), on_event, req, self._withdraw)
         lane = handle if owner is None else owner
         with self._wake:
@@ -419,7 +427,7 @@ class Engine:
         assert batch is not None
         off = 0
         for row, walk in zip(drafting, walks, strict=True):
-            k = walk.lanes
+            k = walk.rows
             walk.take(logits[off : off + k], batch, torch.arange(off, off + k, device=logits.device))
             off += k
             row.forwards += 1
@@ -436,7 +444,8 @@ class Engine:
                 row.cfg.seed or 0)
             row.ar = ARWalk(self.model, row.cfg, row.cache, row.last_logits, row.canvas, row.argmax, row.pinned,
                             row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
-                            clause_ends=self.clause_ends, avoid=row.req.avoid)
+                            clause_ends=self.clause_ends, avoid=row.req.avoid, context=row.req.context_ids,
+                            fim=self.fim if row.cfg.fim is not False else None)
         walk = row.ar
         before = walk.forwards
         if not walk.drafting:

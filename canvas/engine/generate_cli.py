@@ -196,7 +196,8 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
             draft = [t for t in event.draft[: len(view.slot_ids)] if t != backend.null_id]
             live.update(Text(f"step {event.step}/{event.max_steps}  {backend.tokenizer.decode(draft)}"))
 
-    engine = Engine(backend.engine.model, max_batch=1, clause_ends=backend.engine.clause_ends)
+    engine = Engine(backend.engine.model, max_batch=1, clause_ends=backend.engine.clause_ends,
+                    fim=backend.engine.fim)
     handle = engine.submit(backend.request(view, config), on_event)
     engine.run_until_idle()
     done = handle.wait(0)

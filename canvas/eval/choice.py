@@ -110,6 +110,8 @@ def write_defaults(model_dir: Path, choice: dict[str, Any], sweep: dict[str, Any
     ar = next((choice[k] for k in kinds if choice[k] is not None and choice[k]["mode"] == "ar"), None)
     if ar is not None:
         written |= {s: ar[s] for s in AR_SETTINGS if ar.get(s) is not None}
+        if written.get("fim"):  # FIM on is stored as null (on when the model has the format), never true: a build
+            written["fim"] = None  # without FIM adapters would then refuse AR infills
     write_extra(model_dir, written)
     load_mode_defaults(model_dir)  # what was written reads back (raises on a bad value)
     if sweep:

@@ -67,6 +67,9 @@ class EvalConfig:
     # AR settings to compare (each combination is one AR variant); empty: the model's own setting.
     ar_drafts: tuple[int, ...] = ()
     ar_seam_tokens: tuple[int, ...] = ()
+    ar_temperature: tuple[float, ...] = ()
+    fim: tuple[bool, ...] = ()  # FIM prompting on / off (the model must have the format for on)
+    ar_smc_every: tuple[int, ...] = ()  # SMC resampling every N tokens (0: off)
     sweep_task: str = CONTINUATION  # the task the sweep runs on ("" for no sweep)
     sweep_bounds: tuple[float, ...] = (0.05, 0.1, 0.3, 1.0)
     sweep_steps: tuple[int, ...] = (8, 16, 48)
@@ -74,6 +77,7 @@ class EvalConfig:
     seam_tokens: int = 16  # judge tokens of the right context scored as an infill's seam (see the module docstring)
     chunks_per_doc: int = 4  # at most this many passages from one document, spread over it
     speed_scale: float = 1.0  # multiplies the speed bounds of `eval_choice` (a slower machine than the target's)
+    continuation: bool = True  # False: infill tasks only (comparing infill settings; no sweep, no continuation row)
 
     def __post_init__(self) -> None:
         if not self.gaps or any(g < 1 for g in self.gaps):
@@ -87,6 +91,10 @@ class EvalConfig:
             raise ValueError(f"modes must be distinct ones of {MODES}, got {self.modes}")
         if any(k < 1 for k in (*self.ar_drafts, *self.ar_seam_tokens)):
             raise ValueError("ar_drafts and ar_seam_tokens must be >= 1")
+        for t in self.ar_temperature:
+            SamplerConfig(ar_temperature=t)
+        for n in self.ar_smc_every:
+            SamplerConfig(ar_smc_every=n)
         if not self.speed_scale > 0:
             raise ValueError(f"speed_scale must be > 0, got {self.speed_scale}")
         SamplerConfig(max_steps=self.max_steps, entropy_bound=self.entropy_bound)  # validates both
@@ -99,7 +107,7 @@ class EvalConfig:
 
     @property
     def tasks(self) -> tuple[str, ...]:
-        return (*(f"infill-{g}" for g in self.gaps), CONTINUATION)
+        return (*(f"infill-{g}" for g in self.gaps), *((CONTINUATION,) if self.continuation else ()))
 
     @property
     def sweeping(self) -> bool:
@@ -113,8 +121,9 @@ class EvalConfig:
             if mode != "ar":
                 out.append(Variant(mode))
                 continue
-            for k, s in itertools.product(self.ar_drafts or (None,), self.ar_seam_tokens or (None,)):
-                out.append(Variant(mode, k, s))
+            axes = [getattr(self, name) or (None,) for name in AR_SETTINGS]
+            for values in itertools.product(*axes):
+                out.append(Variant(mode, **dict(zip(AR_SETTINGS, values, strict=True))))
         return tuple(out)
 
 
@@ -148,7 +157,7 @@ class Evaluator:
 
         self.backend, self.judge, self.cfg = backend, judge, cfg
         self.engine: Engine = Engine(backend.engine.model, max_batch=1, context_cache_size=0,
-                                     clause_ends=backend.engine.clause_ends)
+                                     clause_ends=backend.engine.clause_ends, fim=backend.engine.fim)
         self.progress = progress
         self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
         self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int]]] = {}
@@ -196,8 +205,7 @@ class Evaluator:
             sample.task, variant.mode, max_steps, bound, index, sample.doc_id, region.slot_end - region.slot_start,
             len(region.ids), sum(t == self.backend.null_id for t in free_ids), eos is not None and eos in free_ids,
             done.steps, done.forwards, done.generated, wall, self._score(sample, doc, proposal, region.text),
-            human_score, repeated_4grams(region.ids), human_repeats, region.text, variant.ar_drafts,
-            variant.ar_seam_tokens,
+            human_score, repeated_4grams(region.ids), human_repeats, region.text, **variant.settings(),
         )  # fmt: skip
         self._records[key] = rec
         return rec
@@ -235,6 +243,8 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
 
     t0 = time.perf_counter()
     check_variants(cfg)
+    if True in cfg.fim and backend.engine.fim is None:
+        raise EvalError(f"--fim on: {backend.name} has no fill-in-the-middle format (built without FIM adapters)")
     samples = build_samples(docs, backend, cfg)
     ev = Evaluator(backend, judge, cfg, progress)
     ev.warm_up(samples[cfg.tasks[0]][0])
@@ -260,7 +270,8 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
     for kind in KINDS:
         mode = defaults.resolve(None, kind)
         shown[kind] = default_variant(cfg, mode, backend.sampler_defaults) or cfg.variants[0]
-    inf, cont = pooled(True, shown["infill"]), main[(CONTINUATION, shown["continuation"])]
+    inf = pooled(True, shown["infill"])
+    cont = main.get((CONTINUATION, shown["continuation"])) or _unmeasured(inf)
     result |= {
         "headline_variants": {k: v.label for k, v in shown.items()},
         "judge_ppl_ratio_infill": inf.ratio,
@@ -276,7 +287,8 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
         if v is not None:
             suffix = "_ar" if mode == "ar" else "_diffusion"
             result[f"judge_ppl_ratio_infill{suffix}"] = pooled(True, v).ratio
-            result[f"judge_ppl_ratio_continuation{suffix}"] = main[(CONTINUATION, v)].ratio
+            if cfg.continuation:
+                result[f"judge_ppl_ratio_continuation{suffix}"] = main[(CONTINUATION, v)].ratio
     result["results"] = [asdict(p) for p in main.values()]
     result["headline"] = headline(result["results"], result["headline_variants"])
     result["sweep"] = sweep
@@ -289,6 +301,12 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
     return result
 
 
+def _unmeasured(like: Point) -> Point:
+    """A continuation point for a run without continuations: every figure NaN (reported as not measured)."""
+    nan = float("nan")
+    return replace(like, task=CONTINUATION, ratio=nan, fill_ratio=nan, tokens_per_forward=nan, seconds_per_canvas=nan)
+
+
 def examples(records: Sequence[Record], samples: dict[str, list[Sample]], cfg: EvalConfig) -> list[dict[str, Any]]:
     """The first sample of each task with the human text and each variant's output at the main settings."""
     out = []
@@ -296,7 +314,7 @@ def examples(records: Sequence[Record], samples: dict[str, list[Sample]], cfg: E
         s = samples[task][0]
         main = (cfg.max_steps, cfg.entropy_bound)
         mine = [r for r in records if r.task == task and r.index == 0 and (r.max_steps, r.entropy_bound) == main]
-        outputs: dict[str, str] = {Variant(r.mode, r.ar_drafts, r.ar_seam_tokens).label: r.text for r in mine}
+        outputs: dict[str, str] = {Variant.of(r).label: r.text for r in mine}
         before = s.text[: s.gap[0]] if s.gap else s.text
         after = s.text[s.gap[1] :] if s.gap else ""
         out.append({"task": task, "doc_id": s.doc_id, "before": before[-300:], "human": s.reference,
@@ -317,6 +335,14 @@ def _floats(value: str) -> tuple[float, ...]:
         return tuple(float(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {value!r}") from None
+
+
+def _switches(value: str) -> tuple[bool, ...]:
+    words = {"on": True, "off": False, "true": True, "false": False}
+    out = tuple(words.get(v.strip().lower()) for v in value.split(",") if v.strip())
+    if not out or any(v is None for v in out):
+        raise argparse.ArgumentTypeError(f"expected comma-separated on/off, got {value!r}")
+    return tuple(bool(v) for v in out)
 
 
 def _modes(value: str) -> tuple[str, ...]:
@@ -349,10 +375,19 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="passages per document at most (default 4)")  # fmt: skip
     parser.add_argument("--modes", type=_modes, default=None, help="modes to run (default diffusion,ar)")
     parser.add_argument("--no-ar", dest="no_ar", action="store_true", help="skip the AR-mode runs (--modes diffusion)")
+    parser.add_argument("--no-continuation", dest="no_continuation", action="store_true",
+                        help="infill tasks only (comparing infill settings: no continuation task, no sweep)")
     parser.add_argument("--ar-drafts", dest="ar_drafts", type=_ints, default=None,
                         help="AR drafts K to compare, one AR variant each (default: the model's setting)")
     parser.add_argument("--ar-seam-tokens", dest="ar_seam_tokens", type=_ints, default=None,
                         help="AR seam tokens S to compare (default: the model's setting)")  # fmt: skip
+    parser.add_argument("--ar-temperature", dest="ar_temperature", type=_floats, default=None,
+                        help="AR draft temperatures to compare (default: the model's setting)")
+    parser.add_argument("--fim", dest="fim", type=_switches, default=None,
+                        help="FIM prompting to compare, on,off (default: the model's setting: on when it has FIM)")
+    parser.add_argument("--ar-smc-every", dest="ar_smc_every", type=_ints, default=None,
+                        help="SMC resampling of the drafts every N tokens to compare, 0 for off (default: the "
+                             "model's setting)")  # fmt: skip
     parser.add_argument(
         "--sweep-samples",
         dest="sweep_samples",
@@ -389,7 +424,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 _OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "modes",
-              "ar_drafts", "ar_seam_tokens", "chunks_per_doc", "speed_scale")  # fmt: skip
+              "ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every", "chunks_per_doc",
+              "speed_scale")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -415,6 +451,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         changes = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+        if args.no_continuation:
+            changes |= {"continuation": False, "sweep_task": ""}
         if args.no_ar:
             changes["modes"] = tuple(m for m in changes.get("modes", PRESETS[args.preset].modes) if m != "ar")
         cfg = replace(PRESETS[args.preset], **changes)

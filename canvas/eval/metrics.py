@@ -21,7 +21,9 @@ from canvas.eval.judge import SpanScore, perplexity
 from canvas.eval.samples import CONTINUATION, EvalError
 from canvas.sampling.sampler import Mode
 
-AR_SETTINGS = ("ar_drafts", "ar_seam_tokens")  # the `SamplerConfig` fields of the AR infill an eval can vary
+# The `SamplerConfig` fields of the AR infill an eval can vary, each a dimension of the AR variants.
+AR_SETTINGS = ("ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every")
+_SHORT = {"ar_drafts": "K", "ar_seam_tokens": "S", "ar_temperature": "t", "fim": "fim", "ar_smc_every": "smc"}
 FILL_RANGE = (0.8, 1.5)
 SEAM_MAX = 1.8
 REPEAT_POINTS = 0.05  # 5 points of the share of repeated 4-grams
@@ -53,14 +55,24 @@ class Variant:
     mode: Mode
     ar_drafts: int | None = None
     ar_seam_tokens: int | None = None
+    ar_temperature: float | None = None
+    fim: bool | None = None
+    ar_smc_every: int | None = None
 
     def settings(self) -> dict[str, Any]:
         return {k: v for k in AR_SETTINGS if (v := getattr(self, k)) is not None}
 
+    @classmethod
+    def of(cls, row: Any) -> Variant:
+        """The variant a `Record` or `Point` ran."""
+        return cls(row.mode, **{k: getattr(row, k) for k in AR_SETTINGS})
+
     @property
     def label(self) -> str:
-        parts = [f"{'K' if k == 'ar_drafts' else 'S'}={v}" for k, v in self.settings().items()]
-        return " ".join([self.mode, *parts])
+        def show(v: Any) -> str:
+            return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+
+        return " ".join([self.mode, *(f"{_SHORT[k]}={show(v)}" for k, v in self.settings().items())])
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +100,9 @@ class Record:
     text: str = field(repr=False)
     ar_drafts: int | None = None  # the variant's AR settings (None: the model's own)
     ar_seam_tokens: int | None = None
+    ar_temperature: float | None = None
+    fim: bool | None = None
+    ar_smc_every: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,9 @@ class Point:
     degenerate: bool  # fill ratio under the target's floor with more repetition than the human text
     ar_drafts: int | None = None
     ar_seam_tokens: int | None = None
+    ar_temperature: float | None = None
+    fim: bool | None = None
+    ar_smc_every: int | None = None
 
 
 def _ratio(a: float, b: float) -> float:
@@ -149,7 +167,7 @@ def pool(records: Sequence[Record]) -> Point:
     rep, rep_h = share([r.repeats for r in records]), share([r.human_repeats for r in records])
     fill = _ratio(span, span_h)
     n = len(records)
-    variant = Variant(r0.mode, r0.ar_drafts, r0.ar_seam_tokens)
+    variant = Variant.of(r0)
     return Point(
         r0.task, r0.mode, variant.label, r0.max_steps, r0.entropy_bound, n, p, ph, _ratio(p, ph),
         span, span_h, fill, seam, seam_h, _ratio(seam, seam_h),
@@ -157,7 +175,7 @@ def pool(records: Sequence[Record]) -> Point:
         sum(r.wall_s for r in records) / n, sum(r.steps for r in records) / n,
         sum(r.nulls for r in records) / max(1, sum(r.slots for r in records)),
         sum(r.nulls == 0 and not r.eos for r in records) / n,
-        rep, rep_h, is_degenerate(fill, rep, rep_h), r0.ar_drafts, r0.ar_seam_tokens,
+        rep, rep_h, is_degenerate(fill, rep, rep_h), **variant.settings(),
     )  # fmt: skip
 
 

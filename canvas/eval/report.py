@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from canvas.eval.metrics import AR_SETTINGS
+
 PLACEHOLDER = "Not evaluated at export time; run `dcanvas eval` (its table belongs here)."
 
 
@@ -127,7 +129,7 @@ def card_section(result: dict[str, Any], command: str) -> str:
     written = result.get("defaults_written")
     if written:
         modes = f"infill **{written['default_mode_infill']}**, continuation **{written['default_mode_continuation']}**"
-        ar = ", ".join(f"{k} {written[k]}" for k in ("ar_drafts", "ar_seam_tokens") if k in written)
+        ar = ", ".join(f"{k} {written[k]}" for k in AR_SETTINGS if k in written)
         lines += [f"Defaults written: modes {modes}{f' ({ar})' if ar else ''} (`dcanvas_sampler.json`: the best "
                   "quality within the speed bounds, by the rule of `canvas.eval.choice`)."]
         if "max_steps" in written:

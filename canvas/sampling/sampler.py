@@ -53,8 +53,11 @@ class SamplerConfig:
     # its first ceil(gap_min_fill * size) slots. A model trained to leave at most a quarter of a gap null gets 0.75
     # (its export writes it, in EXTRA_FILE); 0 leaves nulls free, as the reference (which has no gaps) does.
     gap_min_fill: float = 0.0
-    # The model was fine-tuned for fill-in-the-middle (`canvas.training.fim`): an infill may prompt with the FIM format.
-    fim: bool = False
+    # AR infills and rewrites prompt with the fill-in-the-middle format (`canvas.convert.fim`: both sides, then the
+    # K drafts write the middle until `<|fim_end|>` or the budget). None: when the model has the format (its build
+    # applied FIM adapters: `canvas.convert.fim.model_fim_tokens`); True: required (a model without it refuses the
+    # request); False: plain drafts from the left side. Continuations are always plain AR.
+    fim: bool | None = None
     # AR mode, a gap with pinned text after it (an infill or rewrite): `ar_drafts` candidates are drafted side by
     # side from the left context at `ar_temperature`, each may end at a clause or sentence end or at the gap's budget,
     # and each (draft, ending) is scored by the model's log-likelihood of the first `ar_seam_tokens` pinned tokens
@@ -71,6 +74,12 @@ class SamplerConfig:
     # a small model's samples fall into loops ("of the children of the fathers of the children of ...") that no seam
     # score can repair.
     ar_no_repeat: int = 4
+    # Sequential Monte Carlo over an infill's drafts: every `ar_smc_every` tokens (0: off, scoring only at the end)
+    # each draft's running seam score (the log-likelihood of the seam tokens right after it as it stands) weighs it,
+    # and the K drafts are resampled by softmax(gain / ar_smc_temperature), the gain being the score's change since
+    # the draft's ancestor was last weighed; drafts that lead nowhere near the right side are dropped early.
+    ar_smc_every: int = 0
+    ar_smc_temperature: float = 1.0
     # AR mode's truncation before sampling, in llama.cpp's order (top-k, then top-p, then min-p, temperature last),
     # each off at its default: per request (llama.cpp's fields on the HTTP routes), never stored with the model.
     ar_top_k: int = 0
@@ -108,6 +117,12 @@ class SamplerConfig:
             raise ValueError(f"ar_select_temperature must be >= 0, got {self.ar_select_temperature}")
         if not isinstance(self.ar_no_repeat, int) or not (self.ar_no_repeat == 0 or 2 <= self.ar_no_repeat <= 64):
             raise ValueError(f"ar_no_repeat must be 0 or an integer in [2, 64], got {self.ar_no_repeat!r}")
+        if not isinstance(self.ar_smc_every, int) or not 0 <= self.ar_smc_every <= 1024:
+            raise ValueError(f"ar_smc_every must be an integer in [0, 1024] (0: off), got {self.ar_smc_every!r}")
+        if not self.ar_smc_temperature > 0:
+            raise ValueError(f"ar_smc_temperature must be > 0, got {self.ar_smc_temperature}")
+        if self.fim is not None and not isinstance(self.fim, bool):
+            raise ValueError(f"fim must be true, false or null (when the model has it), got {self.fim!r}")
         if not isinstance(self.ar_top_k, int) or self.ar_top_k < 0:
             raise ValueError(f"ar_top_k must be an integer >= 0 (0: off), got {self.ar_top_k!r}")
         if not 0 < self.ar_top_p <= 1 or not 0 <= self.ar_min_p <= 1:
@@ -181,14 +196,15 @@ def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: f
 
 
 _EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "fim", "ar_drafts", "ar_seam_tokens", "ar_min_fill", "ar_endings",
-               "ar_draft_weight", "ar_select_temperature", "ar_no_repeat")
-_INT_FIELDS = ("max_steps", "stability_threshold", "ar_drafts", "ar_seam_tokens", "ar_endings", "ar_no_repeat")
+               "ar_draft_weight", "ar_select_temperature", "ar_no_repeat", "ar_smc_every", "ar_smc_temperature")
+_INT_FIELDS = ("max_steps", "stability_threshold", "ar_drafts", "ar_seam_tokens", "ar_endings", "ar_no_repeat",
+               "ar_smc_every")
 
 
 def extra_settings(cfg: SamplerConfig) -> dict[str, Any]:
-    """Our sampler settings that have no place in `generation_config.json`, for `EXTRA_FILE` (`fim` only when true:
-    the file of a model without FIM stays byte for byte what it was)."""
-    return {k: getattr(cfg, k) for k in _EXTRA_KEYS if k != "fim" or cfg.fim}
+    """Our sampler settings that have no place in `generation_config.json`, for `EXTRA_FILE` (`fim` only when set:
+    None, when the model has the format, is what a file without the key means)."""
+    return {k: getattr(cfg, k) for k in _EXTRA_KEYS if k != "fim" or cfg.fim is not None}
 
 
 def _numbers(fields: dict[str, Any], file_keys: dict[str, str]) -> dict[str, Any]:
@@ -226,8 +242,8 @@ def load_sampler_defaults(model_dir: str | Path) -> SamplerConfig:
 
 def _with_extra(cfg: SamplerConfig, raw: dict[str, Any]) -> SamplerConfig:
     fim = raw.get("fim", cfg.fim)
-    if not isinstance(fim, bool):
-        raise ValueError(f"fim must be true or false, got {fim!r}")
+    if fim is not None and not isinstance(fim, bool):
+        raise ValueError(f"fim must be true, false or null, got {fim!r}")
     numbers = _numbers({k: raw[k] for k in _EXTRA_KEYS if k in raw and k != "fim"}, {})
     return dataclasses.replace(cfg, **numbers, fim=fim)
 

@@ -1,10 +1,7 @@
-"""The fill-in-the-middle (FIM) format and its training data: sentinels, prompts, examples, packed batches.
+"""The FIM fine-tune's training data: examples, packed batches, word boundaries.
 
-Owns the token layout the FIM fine-tune teaches and the engine prompts with (one definition for both):
-- PSM: `<bos> <pre> prefix <suf> suffix <mid> middle <end>`;
-- SPM (Bavarian et al. 2022's variant, `prefix` and `middle` contiguous): `<bos> <pre> <suf> suffix <mid> prefix
-  middle <end>`.
-The four sentinels are `canvas.convert.vocab`'s FIM tokens, their ids read from the tokenizer (`fim_tokens`).
+The format itself (sentinels, `fim_prompt`, whether a model has it) is `canvas.convert.fim`'s; this module builds
+training examples in it.
 
 Training rows (`sample_rows`) are packed: fixed-length rows of whole pieces (a FIM example or a plain left-to-right
 window, each starting with `<bos>` at position 0), every token tagged with its piece (`segment`), so attention never
@@ -24,79 +21,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from canvas.convert.vocab import FIM_END, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
+from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, Order, fim_prompt
 
-Order = Literal["psm", "spm"]
-SENTINELS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FIM_END)
 # Token kinds in a row: what a loss position teaches (0: nothing; padding, `<bos>`, a FIM piece's context).
 NONE, PLAIN, FIM = 0, 1, 2
-
-
-class FimUnavailable(ValueError):
-    """The tokenizer has no FIM sentinels (a model built before the vocabulary reserved them)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FimTokens:
-    """The ids the FIM format uses, read from one tokenizer."""
-
-    prefix: int
-    suffix: int
-    middle: int
-    end: int
-    bos: int
-    pad: int
-    eos: int
-
-    @property
-    def sentinels(self) -> tuple[int, int, int, int]:
-        return (self.prefix, self.suffix, self.middle, self.end)
-
-
-def fim_tokens(tokenizer: Any) -> FimTokens:
-    """The FIM ids of an HF tokenizer or a raw `tokenizers.Tokenizer`; raises `FimUnavailable` when any is missing."""
-    from canvas.model.tokenizer import special_ids
-
-    if isinstance(tokenizer, FimTokens):
-        return tokenizer
-    if hasattr(tokenizer, "token_to_id"):
-        ids = [tokenizer.token_to_id(t) for t in SENTINELS]
-    else:
-        unk = getattr(tokenizer, "unk_token_id", None)
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in SENTINELS]
-        ids = [None if i == unk else i for i in ids]
-    missing = [t for t, i in zip(SENTINELS, ids, strict=True) if i is None]
-    if missing:
-        raise FimUnavailable(f"the tokenizer has no FIM sentinels {missing}; rebuild the model (`dcanvas model build`)")
-    special = special_ids(tokenizer)
-    pre, suf, mid, end = (int(i) for i in ids if i is not None)
-    return FimTokens(pre, suf, mid, end, bos=special["bos"], pad=special["pad"], eos=special["eos"])
-
-
-def end_token_id(tokenizer: Any) -> int:
-    """The id that ends a generated middle (`<|fim_end|>`)."""
-    return fim_tokens(tokenizer).end
-
-
-def fim_prompt(tokenizer_or_ids: Any, left_ids: Sequence[int], right_ids: Sequence[int],
-               order: Order = "psm") -> list[int]:
-    """The prompt whose continuation is the middle between `left_ids` and `right_ids` (generate until
-    `end_token_id`). A leading `<bos>` on `left_ids` is dropped: the prompt starts with its own."""
-    t = fim_tokens(tokenizer_or_ids)
-    left = list(left_ids)
-    if left and left[0] == t.bos:
-        left = left[1:]
-    if order == "psm":
-        return [t.bos, t.prefix, *left, t.suffix, *right_ids, t.middle]
-    if order == "spm":
-        return [t.bos, t.prefix, t.suffix, *right_ids, t.middle, *left]
-    raise ValueError(f"order must be 'psm' or 'spm', got {order!r}")
 
 
 def fim_example(t: FimTokens, prefix: Sequence[int], middle: Sequence[int], suffix: Sequence[int],
@@ -113,8 +47,8 @@ class FimDataConfig:
     fim_rate: float = 0.5  # share of pieces (and about of tokens) in FIM form; the rest plain text, for AR quality
     spm_rate: float = 0.5  # share of FIM pieces in SPM order
     max_middle: int = 256  # tokens; the canvas
-    max_prefix: int = 192  # context lengths drawn uniformly up to these (fewer where the document is short)
-    max_suffix: int = 128
+    max_prefix: int = MAX_PREFIX  # context lengths drawn uniformly up to these (fewer where a document is short)
+    max_suffix: int = MAX_SUFFIX
     min_fim_piece: int = 24  # a FIM piece needs this much room in the row; less is filled with plain text
 
     def __post_init__(self) -> None:

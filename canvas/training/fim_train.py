@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
+from canvas.convert.fim import SENTINELS
 from canvas.model import DiffusionModel
 from canvas.training.adapt import LoRA, _owner
-from canvas.training.fim import FIM, NONE, PLAIN, SENTINELS, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
+from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
 from canvas.training.train import save_checkpoint
 
 # Attention (reading the suffix across the sentinels is attention's work) and the MLP's output projection (a write
@@ -351,7 +352,7 @@ def _ensure_tokens(cfg: FimTrainConfig) -> Path:
 
 
 def _corpus(tokens_dir: Path, split: str, tokenizer: Any, starts: Any, ends: Any) -> Corpus:
-    from canvas.training.fim import fim_tokens
+    from canvas.convert.fim import fim_tokens
     from canvas.training.tokens import TokenArrays
 
     arr = TokenArrays.open(tokens_dir, split)

@@ -338,6 +338,19 @@ def test_write_defaults_stores_the_chosen_modes_and_keeps_the_rest(tmp_path: Pat
         load_sampler_defaults(tmp_path).max_steps, load_sampler_defaults(tmp_path).entropy_bound)
 
 
+def test_write_defaults_leaves_fim_on_to_the_model(tmp_path: Path) -> None:
+    """An AR choice with FIM on stores `fim` null (on when the model has the format; `true` would make a build
+    without FIM adapters refuse AR infills), over a false stored before; FIM off is stored as false."""
+    for fim, stored in ((False, False), (True, None)):
+        ar = {"kind": "infill", "mode": "ar", "ar_drafts": 8, "ar_seam_tokens": None, "ar_temperature": 0.85,
+              "fim": fim, "ar_smc_every": 0}
+        choice = {"infill": ar, "continuation": None, "candidates": [ar, {"kind": "infill", "mode": "diffusion"}]}
+        written = write_defaults(tmp_path, choice)
+        assert {k: written.get(k) for k in ("ar_drafts", "ar_temperature", "ar_smc_every")} == {
+            "ar_drafts": 8, "ar_temperature": 0.85, "ar_smc_every": 0}
+        assert written["fim"] is stored and load_sampler_defaults(tmp_path).fim is stored
+
+
 def test_variants_and_their_checks() -> None:
     cfg = EvalConfig(modes=("diffusion", "ar"), ar_drafts=(1, 8))
     assert [v.label for v in cfg.variants] == ["diffusion", "ar K=1", "ar K=8"]
@@ -443,6 +456,27 @@ def test_headline_is_the_default_mode_of_each_kind(backend: Backend, judge: Judg
     assert {t["variant"] for t in result["targets"] if t["task"] != CONTINUATION} == {"ar"}
     only_diffusion = evaluate(ar_infills, judge, docs, dataclasses.replace(cfg, modes=("diffusion",), gaps=(4,)))
     assert only_diffusion["headline_variants"]["infill"] == "diffusion"  # the default was not run: the first mode
+
+
+def test_an_infill_only_comparison_of_ar_settings(backend: Backend, judge: Judge,
+                                                   docs: list[tuple[str, str]]) -> None:  # fmt: skip
+    """Temperature x SMC variants over infills alone (--no-continuation): one AR variant per combination, each
+    record with its settings, no continuation figure; FIM asked of a model without the format is an EvalError."""
+    from canvas.eval.report import markdown
+
+    cfg = dataclasses.replace(PRESETS["tiny"], samples=1, sweep_task="", continuation=False, modes=("ar",),
+                              gaps=(4,), ar_drafts=(2,), ar_temperature=(0.7, 0.9), ar_smc_every=(0, 2))
+    result = evaluate(backend, judge, docs, cfg)
+    assert [p["variant"] for p in result["results"]] == ["ar K=2 t=0.7 smc=0", "ar K=2 t=0.7 smc=2",
+                                                         "ar K=2 t=0.9 smc=0", "ar K=2 t=0.9 smc=2"]
+    assert {p["task"] for p in result["results"]} == {"infill-4"}
+    assert {(r["ar_temperature"], r["ar_smc_every"]) for r in result["records"]} == {(0.7, 0), (0.7, 2), (0.9, 0),
+                                                                                     (0.9, 2)}
+    assert math.isnan(result["fill_ratio_continuation"]) and math.isfinite(result["fill_ratio_infill"])
+    assert "infill-4" in markdown(result)
+    json.dumps(result)
+    with pytest.raises(EvalError, match="fim"):
+        evaluate(backend, judge, docs, dataclasses.replace(cfg, ar_smc_every=(), fim=(True, False)))
 
 
 def test_read_texts(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from canvas.convert.fim import SENTINELS
 from canvas.model import DiffusionModel
-from canvas.training.fim import SENTINELS
 
 
 def make_fim_base(tiny_data: dict[str, Path], root: Path) -> dict[str, Path]:

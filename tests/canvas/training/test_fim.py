@@ -10,21 +10,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from canvas.convert.fim import FimUnavailable, end_token_id, fim_prompt, fim_tokens
 from canvas.model import DiffusionModel
-from canvas.training.fim import (
-    FIM,
-    NONE,
-    PLAIN,
-    Corpus,
-    FimDataConfig,
-    FimUnavailable,
-    Rows,
-    end_token_id,
-    fim_prompt,
-    fim_tokens,
-    sample_rows,
-    word_boundaries,
-)
+from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, sample_rows, word_boundaries
 from canvas.training.tokens import TokenArrays
 
 DATA = FimDataConfig(seq_len=96, max_middle=24, max_prefix=20, max_suffix=16, min_fim_piece=12)
@@ -153,3 +141,23 @@ def test_packing_matches_each_piece_alone(fim_base: dict[str, Path]) -> None:
                        torch.tensor([kind]))
             alone.append(packed_losses(model, rows, one)[0])
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_has_the_fim_format_only_when_its_build_applied_fim_adapters(
+    fim_base: dict[str, Path], tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    """`model_fim_tokens`: the ids when build.json records FIM adapters and the tokenizer has the sentinels; a
+    vocabulary with the sentinels but no adapters, adapters without sentinels, or a damaged record: None."""
+    import json
+
+    from canvas.convert.fim import model_fim_tokens
+
+    tok, plain = _tok(fim_base), Tokenizer.from_file(str(tiny_data["tokenizer"] / "tokenizer.json"))
+    assert model_fim_tokens(tmp_path, tok) is None  # no build.json: converted or trained here, never FIM
+    (tmp_path / "build.json").write_text(json.dumps({"fingerprint": {"adapters": None}}))
+    assert model_fim_tokens(tmp_path, tok) is None  # the sentinels alone say nothing
+    (tmp_path / "build.json").write_text(json.dumps({"fingerprint": {"fim_adapters": "ab12"}}))
+    assert model_fim_tokens(tmp_path, tok) == fim_tokens(tok)
+    assert model_fim_tokens(tmp_path, plain) is None
+    (tmp_path / "build.json").write_text("{not json")
+    assert model_fim_tokens(tmp_path, tok) is None

@@ -14,8 +14,9 @@ import torch
 from rich.console import Console
 from tokenizers import Tokenizer
 
+from canvas.convert.fim import fim_prompt, fim_tokens
 from canvas.model import DiffusionModel
-from canvas.training.fim import FIM, PLAIN, FimDataConfig, Rows, fim_prompt, fim_tokens, sample_rows
+from canvas.training.fim import FIM, PLAIN, FimDataConfig, Rows, sample_rows
 from canvas.training.fim_train import (
     FimTrainConfig,
     FimTrainer,

@@ -1,0 +1,172 @@
+"""AR infills in the FIM frame and with SMC resampling (the tiny random model, FIM ids of its own): the lanes read
+the FIM prompt, the seam is scored in the plain frame, `<|fim_end|>` ends a draft, SMC moves lanes with their cache
+rows, batching changes nothing, and a model without the format refuses a request that requires it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import canvas.engine.ar as engine_ar
+from canvas.convert.fim import FimTokens, fim_prompt
+from canvas.engine.core import Engine, GenRequest
+from canvas.model import DiffusionModel, ModelConfig
+from canvas.sampling.sampler import SamplerConfig
+from tests.canvas.engine.test_ar import NULL, infill, run
+
+# The tiny model has no tokenizer: four ids of its vocabulary stand for the sentinels (pad 0, eos 1, bos 2, null 4).
+FIM = FimTokens(prefix=6, suffix=7, middle=8, end=9, bos=2, pad=0, eos=1)
+
+
+@pytest.fixture(scope="module")
+def model() -> DiffusionModel:
+    torch.manual_seed(0)
+    return DiffusionModel(ModelConfig.from_name("tiny").replace(null_token_id=NULL)).eval()
+
+
+def plain_seam(model: DiffusionModel, left: list[int], draft: list[int], seam: list[int]) -> float:
+    """log p(seam | left + draft) by the plain AR frame, encoded from scratch."""
+    logits, _ = model.encode(torch.tensor([left + draft + seam]), logits="all")
+    assert logits is not None
+    logp = torch.log_softmax(logits[0], -1)
+    n = len(left) + len(draft)
+    return sum(float(logp[n + j - 1, t]) for j, t in enumerate(seam))
+
+
+def recording(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, list[engine_ar.Candidate]]]:
+    """Record every gap's lane tokens and scored candidates."""
+    seen: list[tuple[torch.Tensor, list[engine_ar.Candidate]]] = []
+    real = engine_ar.ARWalk.candidates
+
+    def wrapped(self: engine_ar.ARWalk, *a: object) -> list[engine_ar.Candidate]:
+        out = real(self, *a)  # type: ignore[arg-type]
+        seen.append((self.tokens.clone(), out))
+        return out
+
+    monkeypatch.setattr(engine_ar.ARWalk, "candidates", wrapped)
+    return seen
+
+
+def test_fim_lanes_read_the_fim_prompt(model: DiffusionModel) -> None:
+    """Greedy, one lane, no early end: the draft is the greedy middle after `fim_prompt(left, right)`, never a
+    sentinel, `<null>` nor EOS."""
+    ctx, left, gap, right = (2, 5, 11), 3, 6, 4
+    req = infill(ctx, left, gap, right, ar_drafts=1, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1, ar_no_repeat=0)
+    (done,), _ = run(Engine(model, fim=FIM), [req])
+    prompt = fim_prompt(FIM, [*ctx, *req.slot_ids[:left]], list(req.slot_ids[left + gap :]))
+    want: list[int] = []
+    for _ in range(gap):
+        logits, _ = model.encode(torch.tensor([prompt + want]), logits="last")
+        assert logits is not None
+        last = logits[0, -1].clone()
+        last[[NULL, *model.config.eos_token_ids, *FIM.sentinels, FIM.bos]] = -math.inf
+        want.append(int(last.argmax()))
+    assert list(done.canvases[0][left : left + gap]) == want
+    assert done.mode == "ar-infill"
+
+
+def test_the_seam_is_scored_in_the_plain_frame(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every (FIM draft, ending) scores the seam's plain log-likelihood after context + left + draft[:e]."""
+    seen = recording(monkeypatch)
+    ctx, left, gap, right = (2, 5, 11), 2, 8, 3
+    req = infill(ctx, left, gap, right, ar_drafts=3, ar_seam_tokens=3, ar_temperature=1.0, seed=3, ar_endings=2)
+    run(Engine(model, fim=FIM), [req])
+    (tokens, cands), = seen
+    plain_left = [*ctx, *req.slot_ids[:left]]
+    seam = list(req.slot_ids[left + gap :])
+    for c in cands:
+        want = plain_seam(model, plain_left, tokens[c.lane, : c.length].tolist(), seam)
+        assert abs(c.score - want) < 1e-3
+
+
+def test_fim_end_ends_a_draft_and_nulls_pad_the_gap(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that always wants `<|fim_end|>`: every lane ends at the shortest fill allowed, the gap ends early
+    (one step per token, one for the end), `<null>` pads the rest and no sentinel reaches the canvas."""
+    real = DiffusionModel.encode
+
+    def ending(self: DiffusionModel, ids: torch.Tensor, *a: object, **kw: object) -> object:
+        logits, cache = real(self, ids, *a, **kw)  # type: ignore[arg-type]
+        if logits is not None:
+            logits[..., FIM.end] += 100.0
+        return logits, cache
+
+    monkeypatch.setattr(DiffusionModel, "encode", ending)
+    gap = 10
+    req = infill((2, 5), 2, gap, 3, ar_drafts=4, ar_seam_tokens=2, ar_temperature=0.8, seed=1, ar_min_fill=0.4)
+    (done,), _ = run(Engine(model, fim=FIM), [req])
+    fill = done.canvases[0][2 : 2 + gap]
+    assert fill[4:] == (NULL,) * (gap - 4) and NULL not in fill[:4]
+    assert not set(fill) & {*FIM.sentinels, FIM.bos}
+    assert done.generated == 4 and done.steps == 5
+
+
+def test_fim_switch(model: DiffusionModel) -> None:
+    """fim=False is the plain path on a FIM model; fim=True on a model without the format is refused at submit,
+    for infills only (a continuation is plain AR whatever the switch)."""
+    req = infill((2, 5, 11), 2, 6, 3, ar_drafts=3, ar_seam_tokens=2, ar_temperature=0.9, seed=5)
+    off = dataclasses.replace(req, config=dataclasses.replace(req.config, fim=False))
+    (plain,), _ = run(Engine(model), [req])
+    (switched_off,), _ = run(Engine(model, fim=FIM), [off])
+    assert switched_off.canvases == plain.canvases
+    required = dataclasses.replace(req, config=dataclasses.replace(req.config, fim=True))
+    with pytest.raises(ValueError, match="fim"):
+        Engine(model).submit(required)
+    cont = GenRequest((2, 5), (), (), SamplerConfig(mode="ar", fim=True, ar_temperature=0.9, seed=1))
+    (done,), _ = run(Engine(model), [cont])
+    assert done.status == "completed"
+
+
+@pytest.mark.parametrize("fim", [None, FIM])
+def test_smc_moves_lanes_with_their_cache_rows(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch,
+                                               fim: FimTokens | None) -> None:
+    """A running score that favours the last lane makes every lane its copy at the first resample; afterwards each
+    lane's scores still match its own tokens from scratch (its cache rows followed it)."""
+    real = engine_ar.seam_logprobs
+
+    def favour_last(model: DiffusionModel, cache: object, rows: torch.Tensor, limits: torch.Tensor,
+                    seam: torch.Tensor) -> torch.Tensor:
+        out = real(model, cache, rows, limits, seam)  # type: ignore[arg-type]
+        if limits.shape[1] == 1:  # the resample's one ending per lane (the end of the gap scores two)
+            out[-1] += 1e4
+        return out
+
+    monkeypatch.setattr(engine_ar, "seam_logprobs", favour_last)
+    seen = recording(monkeypatch)
+    ctx, left, gap, right = (2, 5, 11), 2, 8, 3
+    req = infill(ctx, left, gap, right, ar_drafts=4, ar_seam_tokens=3, ar_temperature=1.0, seed=2, ar_endings=2,
+                 ar_min_fill=0.5, ar_smc_every=3)
+    run(Engine(model, fim=fim), [req])
+    (tokens, cands), = seen
+    assert all(tokens[k, :3].tolist() == tokens[-1, :3].tolist() for k in range(4))
+    assert len({tuple(t) for t in tokens.tolist()}) > 1  # ...and they drew apart again after it
+    plain_left = [*ctx, *req.slot_ids[:left]]
+    seam = list(req.slot_ids[left + gap :])
+    for c in cands:
+        want = plain_seam(model, plain_left, tokens[c.lane, : c.length].tolist(), seam)
+        assert abs(c.score - want) < 1e-3
+
+
+def test_fim_and_smc_rows_batched_equal_alone(model: DiffusionModel) -> None:
+    """FIM rows (with shadows), SMC rows and plain rows side by side give each the tokens it gets alone."""
+    reqs = [
+        infill((2, 5, 11), 2, 6, 3, ar_drafts=3, ar_seam_tokens=2, ar_temperature=0.8, seed=7),
+        infill((11, 12), 1, 7, 2, slot_seed=1, ar_drafts=4, ar_seam_tokens=3, ar_temperature=0.9, seed=3,
+               ar_smc_every=2, fim=False),
+        infill((2, 3), 0, 5, 4, slot_seed=2, ar_drafts=2, ar_seam_tokens=2, ar_temperature=0.7, seed=1,
+               ar_smc_every=2),
+        infill((5, 9), 3, 6, 4, ar_drafts=1, ar_seam_tokens=0),
+    ]
+    alone = [run(Engine(model, max_batch=1, fim=FIM), [r])[0][0] for r in reqs]
+    together, _ = run(Engine(model, max_batch=8, fim=FIM), reqs)
+    used = [len(r.slot_ids) for r in reqs]  # the unused rest of a canvas holds noise
+    assert [d.canvases[0][:n] for d, n in zip(together, used, strict=True)] == [
+        d.canvases[0][:n] for d, n in zip(alone, used, strict=True)]
+
+
+def test_smc_settings_are_checked() -> None:
+    for bad in ({"ar_smc_every": -1}, {"ar_smc_every": 2.5}, {"ar_smc_temperature": 0.0}, {"fim": 1}):
+        with pytest.raises(ValueError):
+            SamplerConfig(**bad)  # type: ignore[arg-type]
