@@ -77,11 +77,23 @@ class Int8Linear:
         if self.scheme == "dynamic":
             out = torch.ops.quantized.linear_dynamic(flat.contiguous(), self._packed, True)  # reduce_range
         else:
-            xb = flat.to(torch.bfloat16)
-            if self._pad:
-                xb = F.pad(xb, (0, self._pad))
-            out = torch.ops.aten._weight_int8pack_mm(xb, self._q, self._scale).float()
+            out = int8_weight_mm(flat, self._q, self._scale, self._pad)
         return out.view(*lead, self.out_features)
+
+    def weight_tensors(self) -> tuple[Tensor, Tensor, int] | None:
+        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; None
+        under "dynamic" (its packed weight is an opaque object)."""
+        return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad)
+
+
+def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
+    """x (R, K) fp32 @ the "weight" scheme's int8 weight q (N, K + pad) with per-channel bf16 `scale` -> (R, N)
+    fp32: bf16 activations, zero-padded to the kernel's multiple of 16. Plain aten ops, so `torch.compile` can
+    trace it."""
+    xb = x.to(torch.bfloat16)
+    if pad:
+        xb = F.pad(xb, (0, pad))
+    return torch.ops.aten._weight_int8pack_mm(xb, q, scale).float()
 
 
 def decode_scheme(choice: str | None = None) -> Scheme | None:

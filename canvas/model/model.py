@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
+from canvas.model.decode import DecodeCompiler, decode_layers
 from canvas.model.int8 import DECODE_ROWS
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
@@ -211,6 +212,8 @@ class DiffusionModel(nn.Module):
         self.self_conditioning = SelfConditioning(config)
         self.head_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
         self.decode_int8: Scheme | None = None
+        self.decode_fast = True  # one-token steps through canvas.model.decode (False: the general path, to compare)
+        self.decode_compile: DecodeCompiler | None = None  # its compiled halves (canvas.model.decode)
         if init:
             self.reset_parameters()
 
@@ -349,7 +352,12 @@ class DiffusionModel(nn.Module):
 
         # Decode steps (a few rows) go through the int8 weights when the model has them; prefill never does.
         quant = self.decode_int8 is not None and B * T <= DECODE_ROWS
-        x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
+        if T == 1 and attention_mask is None and self.decode_fast:
+            # The one-token step through its own few-op layer stack (canvas.model.decode), same cache writes.
+            x = decode_layers(self, x[:, 0], positions[:, 0], cache, start, {False: full_mask, True: sliding_mask},
+                              quant)[:, None]
+        else:
+            x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
         cache.length = start + T
         cache.row_length.fill_(cache.length)
         cache.next_pos = cache.length - cache.pos_offset
