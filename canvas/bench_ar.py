@@ -12,18 +12,18 @@ Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`
   SDPA calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler (argmax), and Python /
   dispatch: the step's wall minus the time torch's profiler attributes to operators (an estimate: the profiler adds
   a little to both). Layers is what remains of `encode(logits="none")` after attention and Python.
-With int8 decode weights (`--int8`, default `DCANVAS_DECODE_INT8` as the server reads it; fp32 models only; see
-`canvas.model.int8`) the decode figures are the int8 ones, the same without int8 come beside them, and so does the
-int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their top-1 agreement with fp32, the mean
-KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
+With int8 decode weights (`--int8`, default as the server decides: `DCANVAS_DECODE_INT8`, else "auto",
+`canvas.model.int8.scheme_for`; fp32 models only) the decode figures are the int8 ones, the same without int8
+come beside them, and so does the int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their
+top-1 agreement with fp32, the mean KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
 Step variants (`canvas.model.decode`): `--compile on` steps through the `torch.compile`d layer halves (compiled
 before timing; the compile's wall time is reported), `off` eagerly, `both` measures the two interleaved run by run
 (the ratio is the figure to read on a shared machine) and reports the primary figures for the compiled one;
 `--vs-general` adds the general `run_layers` path (what a step ran before the few-op step) to the same rotation.
 What limits the step: `decode_bytes` counts the bytes one batch-1 step must read (weights, int8 where used, one
-expert in K of each layer, the head; plus the KV cache after the prefix), `read_bandwidth` times a sum over a
-256 MB tensor (best of 5, this process's threads): bytes over the step's time, against that, says how near memory
-speed the step runs.
+expert in K of each layer, every expert when compiled, the head; plus the KV cache after
+the prefix), `read_bandwidth` times a sum over a 256 MB tensor (best of 5, this process's threads): bytes over the
+step's time, against that, says how near memory speed the step runs.
 Every figure is the median of `--runs` runs. `--against-llama PATH` runs that `llama-bench` binary on the GGUF of
 the same weights (`--gguf`, default: the Q4_K_M file `dcanvas model build` joined into its cache) at the same
 thread count and prompt, in the same run, and prints our / its tok/s. llama.cpp is only a yardstick: never a
@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
 from canvas.model.decode import DecodeCompiler, compile_setting
-from canvas.model.int8 import SCHEMES, Scheme, decode_scheme, quantize_decode
+from canvas.model.int8 import SCHEMES, Scheme, quantize_decode, scheme_for
 from canvas.model.io import read_config
 
 SPLIT = ("layers", "attention", "head", "sampler", "python")
@@ -223,8 +223,9 @@ def decode_bytes(model: DiffusionModel, cache: KVCache) -> tuple[int, int]:
     for layer in model.blocks:
         for name, p in layer.named_parameters():
             n = p.numel() * p.element_size()
-            # The few-op step runs every expert (canvas.model.decode); the general path reads the top-k only.
-            weights += n * layer.top_k // p.shape[0] if name.startswith("experts_") and not model.decode_fast else n
+            # The compiled step runs every expert (canvas.model.decode); the eager ones read the top-k only.
+            dense = model.decode_fast and model.decode_compile is not None
+            weights += n * layer.top_k // p.shape[0] if name.startswith("experts_") and not dense else n
         for w, q in ((layer.attn.qkv, layer.attn.qkv_int8), (layer.attn.o_proj, layer.attn.o_proj_int8),
                      (layer.mlp_gate_up, layer.mlp_gate_up_int8), (layer.mlp_down, layer.mlp_down_int8)):
             if q is not None:
@@ -334,9 +335,7 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
         args.compile = "on" if compile_setting() else "off"
     model = _model(args)
     cfg = model.config
-    scheme = decode_scheme(args.int8)
-    if scheme is not None and model.dtype != torch.float32:
-        scheme = None  # as the server does: int8 decode weights serve fp32 models only
+    scheme = scheme_for(model, args.int8)  # as the server decides: int8 decode weights serve fp32 models only
     extra_rows: list[tuple[str, str]] = []
     variants = _step_variants(model, args.compile, args.vs_general)
     primary = next(reversed(variants))
@@ -432,8 +431,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
     parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                         help="auto: what the server would pick on this CPU")
-    parser.add_argument("--int8", choices=("off", *SCHEMES), default=None,
-                        help="int8 decode weights (default: $DCANVAS_DECODE_INT8, as the server; fp32 models only)")
+    parser.add_argument("--int8", choices=("auto", "off", *SCHEMES), default=None,
+                        help="int8 decode weights (default: $DCANVAS_DECODE_INT8, else auto, as the server: weight "
+                             "for fp32 models of 50M parameters or more; fp32 models only)")
     parser.add_argument("--batch", type=int, default=8, help="rows of the batched decode")
     parser.add_argument("--compile", choices=("off", "on", "both"), default=None,
                         help="the decode step through torch.compile: off (eager), on, or both interleaved (default: "

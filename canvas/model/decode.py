@@ -9,9 +9,11 @@ general `run_layers` path spends much of a step on per-op dispatch instead (~100
 per layer, casts around every norm, routing with host syncs and a sort). Here, per step:
 - RoPE's cos / sin are built once per rope kind (sliding / full), not once per layer;
 - q and k are normed and rotated as one (B, H + G, D) tensor, their norm weights stacked (`_qk_norm_weight`);
-- the experts run dense: every expert's gate/up on every row in one matmul, the routing weights zero for experts
-  a row did not pick (their outputs add exact zeros). A layer reads all its tiny experts (2 MB fp32 on
-  Gemma-3-270M) instead of running ~20 ops of sorting and grouping, and the step has no data-dependent shape.
+- the experts: with fewer (row, pick) pairs than experts (batch 1 on Gemma-3-270M: top-1 of 4) only the picked
+  ones, one row at a time; else (and always when compiled: no data-dependent shapes) all of them, dense: every
+  expert's gate/up on every row in one matmul, the routing weights zero for experts a row did not pick (their
+  outputs add exact zeros), reading all of a layer's tiny experts (2 MB fp32 on Gemma-3-270M). Either way no
+  sort and no grouping (~20 ops a layer on the general path).
 Compiled (`DecodeCompiler`, `model.decode_compile`): inductor fuses each half's elementwise work around the
 matmuls; the cache write and the attention over the cache (whose length grows every step) stay eager, so the
 compiled graphs see fixed shapes per batch size and one graph serves every layer of a kind (weights are
@@ -84,11 +86,12 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
 
 def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin, norms: tuple[Tensor, ...],
                    router: tuple[Tensor, Tensor, Tensor], experts: tuple[Tensor, Tensor], scalar: Tensor, *,
-                   top_k: int, eps: float) -> Tensor:
+                   top_k: int, eps: float, sparse: bool = False) -> Tensor:
     """The rest of a layer for x (B, M) and the attention's output att (B, H * D): output projection and residual,
     then `Block.feed_forward` (dense MLP beside the routed experts, run dense; see the module docstring), times the
     layer scalar. `norms`: post-attention, pre-FF, pre-FF 2, post-FF 1, post-FF 2, post-FF weights; `router`:
-    projection, input scale, per-expert scale; `experts`: gate/up (E, 2I, M), down (E, M, I). -> (B, M)."""
+    projection, input scale, per-expert scale; `experts`: gate/up (E, 2I, M), down (E, M, I). `sparse`: run only
+    the picked experts, one row at a time (a host sync for their ids; eager only), else all of them. -> (B, M)."""
     post_attn, pre_ff, pre_ff2, post_ff1, post_ff2, post_ff = norms
     h = x + _norm(_mm(att, o_proj), post_attn, eps)  # (B, M)
     B, M = h.shape
@@ -100,16 +103,35 @@ def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin,
                           dtype=torch.float32)  # (B, E)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True) * expert_scale[ids]
-    dense_w = torch.zeros_like(probs).scatter_(1, ids, weights)  # (B, E): zero for the experts a row skips
     w_gate_up, w_down = experts
-    E, two_i, _ = w_gate_up.shape
-    gu = F.linear(_norm(h, pre_ff2, eps), w_gate_up.view(E * two_i, M)).view(B, E, 2, two_i // 2)  # (B, E, 2, I)
-    act = F.gelu(gu[:, :, 0], approximate="tanh") * gu[:, :, 1]  # (B, E, I)
-    y = torch.bmm(act.transpose(0, 1), w_down.transpose(1, 2))  # (E, B, M)
-    # fp32 accumulation of the weighted experts, rounded once (as fused_moe_ref combines its K slots).
-    routed = (y.float() * dense_w.t()[:, :, None]).sum(0).to(h.dtype)  # (B, M)
+    xe = _norm(h, pre_ff2, eps)
+    if sparse:
+        routed = _picked_experts(xe, weights, ids, w_gate_up, w_down)
+    else:
+        dense_w = torch.zeros_like(probs).scatter_(1, ids, weights)  # (B, E): zero for the experts a row skips
+        E, two_i, _ = w_gate_up.shape
+        gu = F.linear(xe, w_gate_up.view(E * two_i, M)).view(B, E, 2, two_i // 2)  # (B, E, 2, I)
+        act = F.gelu(gu[:, :, 0], approximate="tanh") * gu[:, :, 1]  # (B, E, I)
+        y = torch.bmm(act.transpose(0, 1), w_down.transpose(1, 2))  # (E, B, M)
+        # fp32 accumulation of the weighted experts, rounded once (as fused_moe_ref combines its K slots).
+        routed = (y.float() * dense_w.t()[:, :, None]).sum(0).to(h.dtype)  # (B, M)
     both = _norm(dense, post_ff1, eps) + _norm(routed, post_ff2, eps)
     return (h + _norm(both, post_ff, eps)) * scalar
+
+
+def _picked_experts(x: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor) -> Tensor:
+    """Each row's picked experts only: x (B, M), weights (B, K) fp32, ids (B, K) -> (B, M). Reads K experts a row
+    instead of all E (the few-row steps: on Gemma-3-270M one expert in 4), at the price of a host sync."""
+    rows = []
+    for b, picked in enumerate(ids.tolist()):
+        acc: Tensor | None = None
+        for slot, e in enumerate(picked):
+            gate, up = F.linear(x[b : b + 1], w_gate_up[e]).chunk(2, dim=-1)  # (1, I) each
+            y = F.linear(F.gelu(gate, approximate="tanh") * up, w_down[e]).float() * weights[b : b + 1, slot, None]
+            acc = y if acc is None else acc + y  # fp32, rounded once below
+        assert acc is not None
+        rows.append(acc)
+    return torch.cat(rows).to(x.dtype)  # (B, M)
 
 
 def _lin(weight: Tensor, int8: Int8Linear | None, quant: bool) -> Lin:
@@ -177,6 +199,9 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
             masks: dict[bool, Tensor | None], quant: bool, halves: tuple[Any, Any]) -> Tensor:
     pre, post = halves
     n_tail = cache.sliding_len()
+    # Eager steps of fewer (row, expert) pairs than experts run only the picked ones; compiled graphs run all.
+    cfg = model.config
+    sparse = post is post_attention and x.shape[0] * cfg.top_k_experts < cfg.num_experts
     ropes: dict[bool, tuple[Tensor, Tensor]] = {}
     for i, layer in enumerate(model.blocks):
         attn, eps = layer.attn, layer.eps
@@ -195,7 +220,8 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
                   layer.post_feedforward_layernorm_1, layer.post_feedforward_layernorm_2,
                   layer.post_feedforward_layernorm),
                  (layer.router_proj, layer.router_scale, layer.per_expert_scale),
-                 (layer.experts_gate_up, layer.experts_down), layer.encoder_scalar, top_k=layer.top_k, eps=eps)
+                 (layer.experts_gate_up, layer.experts_down), layer.encoder_scalar, top_k=layer.top_k, eps=eps,
+                 sparse=sparse)
     return x
 
 

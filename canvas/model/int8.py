@@ -97,14 +97,34 @@ def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
 
 
 def decode_scheme(choice: str | None = None) -> Scheme | None:
-    """The int8 scheme for decode steps: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "", "off" or
-    unset: none)."""
+    """The int8 scheme an explicit setting names: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "",
+    "off" or unset: none). What a model gets by default is `scheme_for`'s rule."""
     raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
     if raw in ("", "off", "none", "0"):
         return None
     if raw not in SCHEMES:
-        raise ValueError(f"{ENV_VAR} must be one of {('off', *SCHEMES)}, got {raw!r}")
+        raise ValueError(f"{ENV_VAR} must be one of {('auto', 'off', *SCHEMES)}, got {raw!r}")
     return "dynamic" if raw == "dynamic" else "weight"
+
+
+# "auto" (the default) gives int8 "weight" decode weights to fp32 models of at least this many parameters: there
+# the int8 step is the faster one and its fidelity was measured (probe NLL per character within 0.5 % of fp32 on the
+# converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m, the test presets) keep
+# exact fp32, as `canvas.model.cpu` keeps them out of bf16.
+AUTO_MIN_PARAMS = 50_000_000
+
+
+def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | None:
+    """The int8 decode scheme `model` gets: `choice`, else `DCANVAS_DECODE_INT8`; "auto" or unset: "weight" for an
+    fp32 model of at least `AUTO_MIN_PARAMS` parameters, none otherwise. A non-fp32 model never gets one."""
+    raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
+    if model.dtype != torch.float32:
+        decode_scheme(raw if raw != "auto" else "")  # still reject a malformed setting
+        return None
+    if raw in ("", "auto"):
+        big = sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMS
+        return "weight" if big else None
+    return decode_scheme(raw)
 
 
 def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionModel:

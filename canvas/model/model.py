@@ -212,6 +212,7 @@ class DiffusionModel(nn.Module):
         self.self_conditioning = SelfConditioning(config)
         self.head_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
         self.decode_int8: Scheme | None = None
+        self.int8_rows = DECODE_ROWS  # passes of at most this many rows use them (a fidelity check raises it)
         self.decode_fast = True  # one-token steps through canvas.model.decode (False: the general path, to compare)
         self.decode_compile: DecodeCompiler | None = None  # its compiled halves (canvas.model.decode)
         if init:
@@ -351,7 +352,7 @@ class DiffusionModel(nn.Module):
             return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask
 
         # Decode steps (a few rows) go through the int8 weights when the model has them; prefill never does.
-        quant = self.decode_int8 is not None and B * T <= DECODE_ROWS
+        quant = self.decode_int8 is not None and B * T <= self.int8_rows
         if T == 1 and attention_mask is None and self.decode_fast:
             # The one-token step through its own few-op layer stack (canvas.model.decode), same cache writes.
             x = decode_layers(self, x[:, 0], positions[:, 0], cache, start, {False: full_mask, True: sliding_mask},
