@@ -14,6 +14,9 @@ per layer, casts around every norm, routing with host syncs and a sort). Here, p
   expert's gate/up on every row in one matmul, the routing weights zero for experts a row did not pick (their
   outputs add exact zeros), reading all of a layer's tiny experts (2 MB fp32 on Gemma-3-270M). Either way no
   sort and no grouping (~20 ops a layer on the general path).
+- once the sliding window is full, its buffers serve as a ring (`KVCache.ring`): the step attends over the window
+  and its own key in two pieces and overwrites the oldest slot, where the general path concatenates the window
+  with the new key and shifts it back (two copies of every sliding layer's cache, every row, every step).
 Compiled (`DecodeCompiler`, `model.decode_compile`): inductor fuses each half's elementwise work around the
 matmuls; the cache write and the attention over the cache (whose length grows every step) stay eager, so the
 compiled graphs see fixed shapes per batch size and one graph serves every layer of a kind (weights are
@@ -161,24 +164,33 @@ def _qk_norm_weight(attn: Attention) -> Tensor:
 
 
 def _cache_step(cache: KVCache, i: int, k: Tensor, v: Tensor, start: int, n_tail: int) -> tuple[Tensor, Tensor]:
-    """Write one token's k, v (B, G, 1, D) into layer i's cache as `encode` does; the keys and values to attend
-    over (B, G, S, D)."""
+    """Write one token's k, v (B, G, 1, D) into layer i's cache as `encode` does, where the layer has room for it
+    (a full layer, or a sliding one whose window is not full yet); the keys and values to attend over (B, G, S, D)."""
     lkv = cache.layers[i]
-    if not lkv.sliding:
-        lkv.k[:, :, start : start + 1] = k
-        lkv.v[:, :, start : start + 1] = v
-        return lkv.k[:, :, : start + 1], lkv.v[:, :, : start + 1]
-    if n_tail + 1 <= lkv.k.shape[2]:  # the window has room: append in place
-        lkv.k[:, :, n_tail : n_tail + 1] = k
-        lkv.v[:, :, n_tail : n_tail + 1] = v
-        return lkv.k[:, :, : n_tail + 1], lkv.v[:, :, : n_tail + 1]
-    # The window is full: attend over its tail and this token, keep the last window - 1.
-    keys = torch.cat([lkv.k[:, :, :n_tail], k], dim=2)
-    vals = torch.cat([lkv.v[:, :, :n_tail], v], dim=2)
-    keep = lkv.k.shape[2]
-    lkv.k.copy_(keys[:, :, -keep:])
-    lkv.v.copy_(vals[:, :, -keep:])
-    return keys, vals
+    at = n_tail if lkv.sliding else start
+    lkv.k[:, :, at : at + 1] = k
+    lkv.v[:, :, at : at + 1] = v
+    return lkv.k[:, :, : at + 1], lkv.v[:, :, : at + 1]
+
+
+def _ring_attend(q: Tensor, k: Tensor, v: Tensor, buf_k: Tensor, buf_v: Tensor, ring: int,
+                 mask: Tensor | None) -> Tensor:
+    """Attention of one query a row over a full sliding window and its own key, then the oldest slot (`ring`)
+    overwritten with this token's k, v: no copy of the window (the general path concatenates and shifts it).
+    q (B, H, 1, D), k / v (B, G, 1, D), buffers (B, G, S, D) holding the S previous positions rotated by `ring`,
+    mask (B, 1, 1, S + 1) over them in order then this token, or None. -> (B, H, 1, D), scale 1 as everywhere."""
+    B, H, _, D = q.shape
+    G, S = buf_k.shape[1], buf_k.shape[2]
+    qg = q.reshape(B, G, H // G, D)  # query heads grouped by their KV head (SDPA's enable_gqa order)
+    scores = torch.cat([qg @ buf_k.transpose(-1, -2), (qg * k.view(B, G, 1, D)).sum(-1, keepdim=True)], dim=-1)
+    if mask is not None:  # in slot order: the old positions rotated as the buffers are
+        scores = scores.masked_fill(~torch.cat([torch.roll(mask[..., :S], ring, dims=-1), mask[..., S:]], -1),
+                                    float("-inf"))
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, G, H/G, S + 1)
+    out = p[..., :S] @ buf_v + p[..., S:] * v.view(B, G, 1, D)  # (B, G, H/G, D)
+    buf_k[:, :, ring] = k[:, :, 0]
+    buf_v[:, :, ring] = v[:, :, 0]
+    return out.view(B, H, 1, D)
 
 
 def decode_layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache, start: int,
@@ -202,6 +214,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
     # Eager steps of fewer (row, expert) pairs than experts run only the picked ones; compiled graphs run all.
     cfg = model.config
     sparse = post is post_attention and x.shape[0] * cfg.top_k_experts < cfg.num_experts
+    ring_size = 0
     ropes: dict[bool, tuple[Tensor, Tensor]] = {}
     for i, layer in enumerate(model.blocks):
         attn, eps = layer.attn, layer.eps
@@ -210,9 +223,14 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
         cos, sin = ropes[attn.sliding]
         q, k, v = pre(x, layer.input_layernorm, _lin(attn.qkv, attn.qkv_int8, quant), _qk_norm_weight(attn), cos,
                       sin, heads=attn.n_heads, kv_heads=attn.n_kv, has_v=attn.has_v, eps=eps)
-        keys, values = _cache_step(cache, i, k, v, start, n_tail)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[attn.sliding], scale=1.0,
-                                             enable_gqa=attn.n_kv != attn.n_heads)  # (B, H, 1, D)
+        lkv = cache.layers[i]
+        if lkv.sliding and n_tail == lkv.k.shape[2]:  # the window is full: use its buffers as a ring
+            out = _ring_attend(q, k, v, lkv.k, lkv.v, cache.ring, masks[True])
+            ring_size = n_tail
+        else:
+            keys, values = _cache_step(cache, i, k, v, start, n_tail)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[attn.sliding], scale=1.0,
+                                                 enable_gqa=attn.n_kv != attn.n_heads)  # (B, H, 1, D)
         x = post(x, out.reshape(x.shape[0], -1), _lin(attn.o_proj, attn.o_proj_int8, quant),
                  _lin(layer.mlp_gate_up, layer.mlp_gate_up_int8, quant),
                  _lin(layer.mlp_down, layer.mlp_down_int8, quant),
@@ -222,6 +240,8 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
                  (layer.router_proj, layer.router_scale, layer.per_expert_scale),
                  (layer.experts_gate_up, layer.experts_down), layer.encoder_scalar, top_k=layer.top_k, eps=eps,
                  sparse=sparse)
+    if ring_size:  # this token took the oldest slot of every sliding layer
+        cache.ring = (cache.ring + 1) % ring_size
     return x
 
 

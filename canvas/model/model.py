@@ -358,6 +358,7 @@ class DiffusionModel(nn.Module):
             x = decode_layers(self, x[:, 0], positions[:, 0], cache, start, {False: full_mask, True: sliding_mask},
                               quant)[:, None]
         else:
+            cache.unroll()  # the general path writes the sliding buffers in order
             x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
         cache.length = start + T
         cache.row_length.fill_(cache.length)

@@ -106,3 +106,34 @@ def test_compiled_step_equals_the_eager_step(model: DiffusionModel) -> None:
             want, want_tok = runs[(scheme, lengths, "eager")]
             assert torch.equal(got_tok, want_tok), (scheme, lengths)
             torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_full_window_rotates_and_every_reader_sees_it_in_order(model: DiffusionModel) -> None:
+    """Steps past the window leave the sliding buffers rotated (`ring`); the denoiser, a grown copy, an aligned
+    batch and a longer encode after them all see what a cache encoded in one pass holds."""
+    g = torch.Generator().manual_seed(3)
+    V, W = model.config.vocab_size, model.config.sliding_window
+    ids = torch.randint(3, V, (2, W + 9), generator=g)
+    _, cache = model.encode(ids[:, :W], cache=model.new_cache(2, W + 12), logits="none")
+    for i in range(W, W + 5):
+        model.encode(ids[:, i : i + 1], cache=cache, logits="none")
+    assert cache.ring == 5  # the prefix filled the window (W - 1 slots): every step rotated it
+    _, whole = model.encode(ids[:, : W + 5], cache=model.new_cache(2, W + 12), logits="none")
+    canvas = torch.randint(3, V, (2, 6), generator=g)
+    torch.testing.assert_close(model.denoise(canvas, cache.grown(W + 12)), model.denoise(canvas, whole))
+    assert cache.ring == 0  # grown put it back in order
+    for i in range(W + 5, W + 7):
+        model.encode(ids[:, i : i + 1], cache=cache, logits="none")
+    assert cache.ring != 0
+    got, _ = model.encode(ids[:, W + 7 :], cache=cache, logits="all")  # the general path, two tokens
+    want, _ = model.encode(ids, logits="all")
+    assert got is not None and want is not None
+    torch.testing.assert_close(got, want[:, W + 7 :], rtol=1e-4, atol=1e-4)
+    model.encode(ids[:, -1:], cache=cache, logits="none")
+    assert cache.ring == 1
+    batch = KVCache.aligned([(cache, 1)], 2)  # puts the source back in order, then copies it
+    row = torch.cat([ids[1:], ids[1:, -1:]], dim=1)  # what row 1 of `cache` has seen (the last token twice)
+    _, alone = model.encode(row, cache=model.new_cache(1, W + 12), logits="none")
+    assert cache.ring == 0 and batch.ring == 0
+    for i in range(len(cache.layers)):
+        torch.testing.assert_close(batch.read(i), alone.read(i), rtol=1e-4, atol=1e-4)
