@@ -57,7 +57,8 @@ class Int8Linear:
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
         # Symmetric per-output-channel scales; an all-zero row keeps scale 1 (any scale represents it exactly).
-        scale = (w.abs().amax(dim=1) / 127).masked_fill_(w.abs().amax(dim=1) == 0, 1.0)  # (N,)
+        amax = w.abs().amax(dim=1)  # (N,)
+        scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
         self._packed: Any = None
         if scheme == "dynamic":
             with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
@@ -66,7 +67,7 @@ class Int8Linear:
                                                 torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qw, None)
         else:
-            q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
+            q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # (N, K); in place: start-up time
             self._pad = -self.in_features % _PACK_MULTIPLE
             self._q = F.pad(q, (0, self._pad)) if self._pad else q.contiguous()  # (N, K + pad)
             self._scale = scale.to(torch.bfloat16)

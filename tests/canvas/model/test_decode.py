@@ -105,7 +105,10 @@ def test_compiled_step_equals_the_eager_step(model: DiffusionModel) -> None:
             got, got_tok = _greedy(model, cache, first, 20)
             want, want_tok = runs[(scheme, lengths, "eager")]
             assert torch.equal(got_tok, want_tok), (scheme, lengths)
-            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+            # fp32: float rounding of fused ops; int8: the bf16 rounding of the activations moves with the fusion
+            # too, and random tiny weights amplify it through every layer (still the same tokens).
+            tol = 1e-4 if scheme is None else 2e-2
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=f"{scheme} {lengths}")
 
 
 def test_a_full_window_rotates_and_every_reader_sees_it_in_order(model: DiffusionModel) -> None:
