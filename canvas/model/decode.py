@@ -173,6 +173,19 @@ def _cache_step(cache: KVCache, i: int, k: Tensor, v: Tensor, start: int, n_tail
     return lkv.k[:, :, : at + 1], lkv.v[:, :, : at + 1]
 
 
+def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """One query a row over its keys, scale 1: q (B, H, 1, D), keys / values (B, G, S, D), mask (B, 1, 1, S) bool
+    or None -> (B, H, 1, D). Two matmuls and a softmax: for a single query this beats CPU SDPA's flash kernel
+    (built for blocks of queries), e.g. 327 against 482 us at 8 rows over 257 keys of Gemma-3-270M's shapes."""
+    B, H, _, D = q.shape
+    G = keys.shape[1]
+    scores = q.reshape(B, G, H // G, D) @ keys.transpose(-1, -2)  # (B, G, H/G, S): heads grouped by KV head
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return (p @ values).view(B, H, 1, D)
+
+
 def _ring_attend(q: Tensor, k: Tensor, v: Tensor, buf_k: Tensor, buf_v: Tensor, ring: int,
                  mask: Tensor | None) -> Tensor:
     """Attention of one query a row over a full sliding window and its own key, then the oldest slot (`ring`)
@@ -229,8 +242,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
             ring_size = n_tail
         else:
             keys, values = _cache_step(cache, i, k, v, start, n_tail)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[attn.sliding], scale=1.0,
-                                                 enable_gqa=attn.n_kv != attn.n_heads)  # (B, H, 1, D)
+            out = _attend_one(q, keys, values, masks[attn.sliding])
         x = post(x, out.reshape(x.shape[0], -1), _lin(attn.o_proj, attn.o_proj_int8, quant),
                  _lin(layer.mlp_gate_up, layer.mlp_gate_up_int8, quant),
                  _lin(layer.mlp_down, layer.mlp_down_int8, quant),
