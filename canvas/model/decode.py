@@ -14,6 +14,8 @@ per layer, casts around every norm, routing with host syncs and a sort). Here, p
   expert's gate/up on every row in one matmul, the routing weights zero for experts a row did not pick (their
   outputs add exact zeros), reading all of a layer's tiny experts (2 MB fp32 on Gemma-3-270M). Either way no
   sort and no grouping (~20 ops a layer on the general path).
+- the single query a row attends by two matmuls and a softmax (`_attend_one`), faster than CPU SDPA's flash
+  kernel, which is built for blocks of queries;
 - once the sliding window is full, its buffers serve as a ring (`KVCache.ring`): the step attends over the window
   and its own key in two pieces and overwrites the oldest slot, where the general path concatenates the window
   with the new key and shifts it back (two copies of every sliding layer's cache, every row, every step).
