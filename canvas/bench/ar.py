@@ -1,7 +1,8 @@
 """`dcanvas bench ar`: the AR pathway's speed (the encoder's one-token step), optionally beside llama.cpp.
 
     dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--int8 off|weight|dynamic] [--batch 8]
-                     [--prompt 256] [--tokens 32] [--runs 5] [--threads N] [--against-llama LLAMA_BENCH [--gguf FILE]]
+                     [--compile off|on|both] [--vs-general] [--prompt 256] [--tokens 32] [--runs 5] [--threads N]
+                     [--against-llama LLAMA_BENCH [--gguf FILE]]
 
 Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`: `canvas.model.cpu`'s rule):
 - prefill: `--prompt` tokens through `DiffusionModel.encode` into a fresh static cache, last position's logits;
@@ -11,14 +12,18 @@ Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`
   SDPA calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler (argmax), and Python /
   dispatch: the step's wall minus the time torch's profiler attributes to operators (an estimate: the profiler adds
   a little to both). Layers is what remains of `encode(logits="none")` after attention and Python.
-With int8 decode weights (`--int8`, default `DCANVAS_DECODE_INT8` as the server reads it; fp32 models only; see
-`canvas.model.int8`) the decode figures are the int8 ones, the same without int8 come beside them, and so does the
-int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their top-1 agreement with fp32, the mean
-KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
+With int8 decode weights (`--int8`, default as the server decides: `DCANVAS_DECODE_INT8`, else "auto",
+`canvas.model.int8.scheme_for`; fp32 models only) the decode figures are the int8 ones, the same without int8
+come beside them, and so does the int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their
+top-1 agreement with fp32, the mean KL(fp32 || int8) and the ratio of the two perplexities of those tokens.
+Step variants (`canvas.model.decode`): `--compile on` steps through the `torch.compile`d layer halves (compiled
+before timing; the compile's wall time is reported), `off` eagerly, `both` measures the two interleaved run by run
+(the ratio is the figure to read on a shared machine) and reports the primary figures for the compiled one;
+`--vs-general` adds the general `run_layers` path (what a step ran before the few-op step) to the same rotation.
 What limits the step: `decode_bytes` counts the bytes one batch-1 step must read (weights, int8 where used, one
-expert in K of each layer, the head; plus the KV cache after the prefix), `read_bandwidth` times a sum over a
-256 MB tensor (best of 5, this process's threads): bytes over the step's time, against that, says how near memory
-speed the step runs.
+expert in K of each layer, every expert when compiled, the head; plus the KV cache after
+the prefix), `read_bandwidth` times a sum over a 256 MB tensor (best of 5, this process's threads): bytes over the
+step's time, against that, says how near memory speed the step runs.
 Every figure is the median of `--runs` runs. `--against-llama PATH` runs that `llama-bench` binary on the GGUF of
 the same weights (`--gguf`, default: the Q4_K_M file `dcanvas model build` joined into its cache) at the same
 thread count and prompt, in the same run, and prints our / its tok/s. llama.cpp is only a yardstick: never a
@@ -44,7 +49,8 @@ import torch.nn.functional as F
 
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
-from canvas.model.int8 import SCHEMES, Scheme, decode_scheme, quantize_decode
+from canvas.model.decode import DecodeCompiler, compile_setting
+from canvas.model.int8 import SCHEMES, Scheme, quantize_decode, scheme_for
 from canvas.model.io import read_config
 
 SPLIT = ("layers", "attention", "head", "sampler", "python")
@@ -89,7 +95,15 @@ def _prefix(model: DiffusionModel, shape: ArShape, batch: int) -> tuple[torch.Te
 
 def decode_s(model: DiffusionModel, shape: ArShape, batch: int) -> float:
     """Median seconds of one greedy decode step of `batch` rows (each run: `tokens` steps on a fresh copy of the
-    prefilled cache)."""
+    prefilled cache), the model's step as it is set."""
+    return decode_variants_s(model, shape, batch, {"step": lambda: None})["step"]
+
+
+def decode_variants_s(model: DiffusionModel, shape: ArShape, batch: int,
+                      variants: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """`decode_s` of each variant (name -> a function that sets the model up for it), interleaved: run i of every
+    variant before run i + 1 of any, so load on a shared machine falls on all of them alike. Leaves the model set
+    up as the last variant."""
     first, template = _prefix(model, shape, batch)
 
     def run() -> float:
@@ -102,8 +116,15 @@ def decode_s(model: DiffusionModel, shape: ArShape, batch: int) -> float:
             tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         return (time.perf_counter() - t0) / shape.tokens
 
-    run()  # warm-up
-    return statistics.median(run() for _ in range(shape.runs))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for setup in variants.values():
+        setup()
+        run()  # warm-up
+    for _ in range(shape.runs):
+        for name, setup in variants.items():
+            setup()
+            times[name].append(run())
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def prefill_s(model: DiffusionModel, shape: ArShape) -> float:
@@ -195,14 +216,16 @@ def int8_fidelity(model: DiffusionModel, scheme: Scheme, shape: ArShape) -> dict
 
 
 def decode_bytes(model: DiffusionModel, cache: KVCache) -> tuple[int, int]:
-    """(weight bytes, KV cache bytes) one batch-1 decode step reads: every layer's parameters with only top-k of its
-    experts, int8 copies in place of the projections that have them, the final norm and the LM head; the cached
-    keys and values each layer attends over (`cache`: one row)."""
+    """(weight bytes, KV cache bytes) one batch-1 decode step reads: every layer's parameters (only top-k of its
+    experts on the general path), int8 copies in place of the projections that have them, the final norm and the
+    LM head; the cached keys and values each layer attends over (`cache`: one row)."""
     weights = 0
     for layer in model.blocks:
         for name, p in layer.named_parameters():
             n = p.numel() * p.element_size()
-            weights += n * layer.top_k // p.shape[0] if name.startswith("experts_") else n
+            # The compiled step runs every expert (canvas.model.decode); the eager ones read the top-k only.
+            dense = model.decode_fast and model.decode_compile is not None
+            weights += n * layer.top_k // p.shape[0] if name.startswith("experts_") and not dense else n
         for w, q in ((layer.attn.qkv, layer.attn.qkv_int8), (layer.attn.o_proj, layer.attn.o_proj_int8),
                      (layer.mlp_gate_up, layer.mlp_gate_up_int8), (layer.mlp_down, layer.mlp_down_int8)):
             if q is not None:
@@ -285,16 +308,47 @@ def _model(args: argparse.Namespace) -> DiffusionModel:
     return DiffusionModel(cfg).to(dtype).eval()
 
 
+def _step_variants(model: DiffusionModel, compile_: str, vs_general: bool) -> dict[str, Callable[[], object]]:
+    """name -> a function setting the model's decode step up that way; the primary (reported) variant last."""
+    compiler = DecodeCompiler() if compile_ in ("on", "both") else None
+
+    def use(fast: bool, comp: DecodeCompiler | None) -> Callable[[], object]:
+        def setup() -> None:
+            model.decode_fast, model.decode_compile = fast, comp
+        return setup
+
+    variants: dict[str, Callable[[], object]] = {}
+    if vs_general:
+        variants["general"] = use(False, None)
+    if compile_ in ("off", "both"):
+        variants["eager"] = use(True, None)
+    if compiler is not None:
+        variants["compiled"] = use(True, compiler)
+    return variants
+
+
 def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
     from canvas.bench.common import machine, print_table
 
     shape = ArShape(args.prompt, args.tokens, args.batch, args.runs)
+    if args.compile is None:
+        args.compile = "on" if compile_setting() else "off"
     model = _model(args)
     cfg = model.config
-    scheme = decode_scheme(args.int8)
-    if scheme is not None and model.dtype != torch.float32:
-        scheme = None  # as the server does: int8 decode weights serve fp32 models only
+    scheme = scheme_for(model, args.int8)  # as the server decides: int8 decode weights serve fp32 models only
     extra_rows: list[tuple[str, str]] = []
+    variants = _step_variants(model, args.compile, args.vs_general)
+    primary = next(reversed(variants))
+    variants[primary]()
+    compiler = model.decode_compile
+    compile_s = None
+    if compiler is not None:  # compile before any timing (and time it): the first call of a fresh process
+        compiler.stance = "default"  # recompile for the int8 / fp32 variants below (a server falls back instead)
+        t0 = time.perf_counter()
+        compiler.warm(model, (1, shape.batch) if shape.batch > 1 else (1,))
+        if compiler.error is not None:
+            raise SystemExit(f"bench ar: torch.compile failed: {compiler.error}")
+        compile_s = time.perf_counter() - t0
     without: dict[str, float] = {}
     if scheme is not None:
         without = {"decode_b1_step_ms": decode_s(model, shape, 1) * 1e3,
@@ -306,15 +360,27 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
             ("int8 vs fp32 steps: top-1 / KL nats / ppl ratio",
              f"{fidelity['top1_agree']:.3f} / {fidelity['kl']:.4f} / {fidelity['ppl_ratio']:.3f}"),
         ]
-    b1 = decode_s(model, shape, 1)
-    bk = decode_s(model, shape, shape.batch)
+    per_b1 = decode_variants_s(model, shape, 1, variants)
+    per_bk = decode_variants_s(model, shape, shape.batch, variants)  # leaves the primary variant set up
+    b1, bk = per_b1[primary], per_bk[primary]
+    if len(variants) > 1:
+        for name in variants:
+            if name != primary:
+                extra_rows.append((f"{name} step: batch 1 / batch {shape.batch} ms ({primary} speed-up)",
+                                   f"{per_b1[name] * 1e3:.1f} / {per_bk[name] * 1e3:.1f} "
+                                   f"({per_b1[name] / b1:.2f}x / {per_bk[name] / bk:.2f}x)"))
+    if compile_s is not None:
+        extra_rows.append(("torch.compile warm-up (batch 1 and batch K graphs), s", f"{compile_s:.1f}"))
     pre = prefill_s(model, shape)
     split = step_split(model, shape)
     weight_bytes, kv_bytes = decode_bytes(model, _prefix(model, shape, 1)[1])
     bandwidth = read_bandwidth()
     out: dict[str, Any] = {
         "model": str(args.model) if args.model is not None else cfg.name, "dtype": dtype_name(model.dtype),
-        "decode_int8": scheme, "vocab": cfg.vocab_size, "prompt": shape.prompt, "tokens": shape.tokens,
+        "decode_int8": scheme, "step": primary, "compile_s": compile_s,
+        "variants": {name: {"decode_b1_step_ms": per_b1[name] * 1e3,
+                            f"decode_b{shape.batch}_step_ms": per_bk[name] * 1e3} for name in variants},
+        "vocab": cfg.vocab_size, "prompt": shape.prompt, "tokens": shape.tokens,
         "batch": shape.batch, "runs": shape.runs,
         "decode_b1_tok_s": 1 / b1, "decode_b1_step_ms": b1 * 1e3,
         f"decode_b{shape.batch}_tok_s": shape.batch / bk, f"decode_b{shape.batch}_step_ms": bk * 1e3,
@@ -327,8 +393,8 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
         out["without_int8"] = without
         out["int8_fidelity"] = fidelity
     rows = [
-        ("model / dtype / int8 decode / vocab",
-         f"{out['model']} / {out['dtype']} / {scheme or 'off'} / {cfg.vocab_size}"),
+        ("model / dtype / int8 decode / vocab / step",
+         f"{out['model']} / {out['dtype']} / {scheme or 'off'} / {cfg.vocab_size} / {primary}"),
         ("decode batch 1, tok/s (step ms)", f"{1 / b1:.1f} ({b1 * 1e3:.1f})"),
         (f"decode batch {shape.batch}, tok/s (step ms)", f"{shape.batch / bk:.1f} ({bk * 1e3:.1f})"),
         (f"batch-{shape.batch} step / batch-1 step (goal <= 1.2)", f"{bk / b1:.2f}"),
@@ -365,9 +431,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="bench-15m", choices=sorted(PRESETS))
     parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                         help="auto: what the server would pick on this CPU")
-    parser.add_argument("--int8", choices=("off", *SCHEMES), default=None,
-                        help="int8 decode weights (default: $DCANVAS_DECODE_INT8, as the server; fp32 models only)")
+    parser.add_argument("--int8", choices=("auto", "off", *SCHEMES), default=None,
+                        help="int8 decode weights (default: $DCANVAS_DECODE_INT8, else auto, as the server: weight "
+                             "for fp32 models of 50M parameters or more; fp32 models only)")
     parser.add_argument("--batch", type=int, default=8, help="rows of the batched decode")
+    parser.add_argument("--compile", choices=("off", "on", "both"), default=None,
+                        help="the decode step through torch.compile: off (eager), on, or both interleaved (default: "
+                             "$DCANVAS_DECODE_COMPILE, as the server)")
+    parser.add_argument("--vs-general", action="store_true",
+                        help="also time the general run_layers path (the step before the few-op one), interleaved")
     parser.add_argument("--prompt", type=int, default=256, help="prefix tokens (prefill)")
     parser.add_argument("--tokens", type=int, default=32, help="decode steps a run")
     parser.add_argument("--runs", type=int, default=5)

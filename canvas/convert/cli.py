@@ -69,6 +69,9 @@ def register_model(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--only", choices=("all", "conversion", "probes"), default="all",
                    help="conversion: the full-vocabulary conversion on the validation passages; probes: the built "
                         "model on the probe set (news, fiction, technical, code, dialogue)")
+    c.add_argument("--int8", choices=("weight", "dynamic"), default=None,
+                   help="also the built model's NLL per character on the probe set with int8 decode weights on "
+                        "every pass (what its AR decode steps compute) against its fp32 NLL (bound: 1.005x)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--cache", type=Path, default=None)
     c.set_defaults(func=run_check)
@@ -133,8 +136,47 @@ def run_check(args: argparse.Namespace) -> int:
     if model_dir is not None:
         probes, ok = _check_probes(source, tok, model_dir)
         result["model"], result["probes"] = str(model_dir), probes
+        if args.int8 is not None:
+            int8_rows, int8_ok = _check_int8(model_dir, args.int8)
+            result["int8"] = {"scheme": args.int8, "max_nll_ratio": MAX_INT8_NLL_RATIO, "kinds": int8_rows}
+            ok &= int8_ok
     print(json.dumps(result))
     return 0 if ok else 1
+
+
+# int8 decode weights may cost at most this much NLL per character over fp32 on any kind of probe text (issue 31:
+# the bound under which "auto" serves fp32 models int8 decode steps, `canvas.model.int8.scheme_for`).
+MAX_INT8_NLL_RATIO = 1.005
+
+
+def _check_int8(model_dir: Path, scheme: str) -> tuple[list[dict[str, Any]], bool]:
+    """The built model's NLL per character on each kind of probe text, fp32 against int8 decode weights applied
+    to every pass (the per-row matmuls of a long pass equal those of one-token steps over the same cache)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from canvas.convert.probes import by_kind, load_probes, nll_per_char
+    from canvas.model import DiffusionModel
+    from canvas.model.int8 import decode_scheme, quantize_decode
+
+    model = DiffusionModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model.int8_rows = 1 << 30  # every pass through the int8 copies, once attached
+
+    def nll(texts: list[str], with_int8: bool) -> float:
+        quantize_decode(model, decode_scheme(scheme) if with_int8 else None)
+        return nll_per_char(lambda ids: model.encode(ids)[0], tok, texts)
+
+    print(f"int8 {scheme} decode weights against fp32, NLL per character (bound {MAX_INT8_NLL_RATIO:.3f}x)")
+    print(f"{'kind':<12}{'texts':>6}{'fp32':>9}{'int8':>9}{'ratio':>9}")
+    rows, ok = [], True
+    for kind, texts in by_kind(load_probes()).items():
+        a, b = nll(texts, False), nll(texts, True)
+        good = b / a <= MAX_INT8_NLL_RATIO
+        ok &= good
+        print(f"{kind:<12}{len(texts):>6}{a:>9.4f}{b:>9.4f}{b / a:>8.4f}x{'' if good else '  OVER'}")
+        rows.append({"kind": kind, "texts": len(texts), "nll_fp32": a, "nll_int8": b, "ratio": b / a})
+    return rows, ok
 
 
 def _passages(args: argparse.Namespace) -> list[str]:

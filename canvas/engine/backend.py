@@ -138,15 +138,17 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     `dtype` "auto" picks what this CPU computes fastest (`canvas.model.cpu`: bf16 on AMX / avx512_bf16 CPUs where a
     probe confirms it, fp32 elsewhere and for small models; `DCANVAS_DTYPE` overrides). `threads` sets torch's
     intra-op threads, by default to the physical cores this process may use. The process's allocator keeps large
-    freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`). `DCANVAS_DECODE_INT8=weight|dynamic`
-    gives an fp32 model int8 weights for its AR decode steps (`canvas.model.int8`; off by default)."""
-    import torch
+    freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`). An fp32 model of 50M parameters or
+    more gets int8 weights for its AR decode steps (`canvas.model.int8.scheme_for`; `DCANVAS_DECODE_INT8=off|weight|
+    dynamic` overrides); `DCANVAS_DECODE_COMPILE=on` compiles its decode step in the background
+    (`canvas.model.decode`)."""
     from transformers import AutoTokenizer
 
     from canvas.convert.fim import model_fim_tokens
     from canvas.model import load_pretrained
     from canvas.model.cpu import configure_allocator, configure_threads, parameter_count, resolve_dtype
-    from canvas.model.int8 import decode_scheme, quantize_decode
+    from canvas.model.decode import attach_compiler, compile_setting
+    from canvas.model.int8 import quantize_decode, scheme_for
     from canvas.model.io import read_config
 
     path = Path(model_dir)
@@ -155,9 +157,11 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     configure_threads(threads)  # before the probe in resolve_dtype, which times at this thread count
     configure_allocator()
     model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path))))
-    scheme = decode_scheme()  # DCANVAS_DECODE_INT8: int8 weights for AR decode steps (fp32 models; default off)
-    if scheme is not None and model.dtype == torch.float32:
+    scheme = scheme_for(model)  # DCANVAS_DECODE_INT8, else int8 "weight" for large fp32 models (canvas.model.int8)
+    if scheme is not None:
         quantize_decode(model, scheme)
+    if compile_setting():  # DCANVAS_DECODE_COMPILE=on: compile the decode step in the background from now
+        attach_compiler(model)
     sampler_defaults = load_sampler_defaults(path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     bos_id, eos_id, null_id = _special_ids(tok, model.config)

@@ -3,7 +3,8 @@
 Layout per layer (B = batch, H = KV heads of that layer, D = its head dim):
 - full-attention layers keep every encoded position: `k`, `v` of shape (B, H, capacity, D), filled in [0, length);
 - sliding layers keep only what a future query can see, the last `sliding_window - 1` positions, in order, in
-  buffers of shape (B, H, sliding_window - 1, D) filled in [0, min(length, sliding_window - 1)).
+  buffers of shape (B, H, sliding_window - 1, D) filled in [0, min(length, sliding_window - 1)); "in order" up to
+  a rotation (`ring`) that one-token decode steps leave once the window is full, and `unroll` undoes.
 `key_valid` (B, capacity) marks real (non-padding) positions; `length` counts encoded positions (padding
 included: positions are shared across the batch, as in the reference) and `next_pos` (B,) is where the canvas of
 each row starts. A cache built by `KVCache.stack` from several single-row caches is ragged (rows of different
@@ -45,6 +46,8 @@ class KVCache:
         self.row_length = torch.full_like(next_pos, length)
         # Per-row left padding (slots before the row's first real token): a token's position is its slot minus this.
         self.pos_offset = torch.zeros_like(next_pos)
+        # Where the sliding buffers' oldest position sits while decode steps use them as a ring (see `unroll`).
+        self.ring = 0
 
     @classmethod
     def empty(cls, config: ModelConfig, batch_size: int, capacity: int, *, device: torch.device | str = "cpu",
@@ -82,8 +85,22 @@ class KVCache:
             return self.key_valid[:, self.length - n : self.length]
         return self.key_valid[:, : self.length]
 
+    def unroll(self) -> None:
+        """Put the sliding buffers back in order. Once the window is full, `DiffusionModel.encode`'s one-token steps
+        overwrite the oldest slot instead of shifting the whole window (attention does not care where a key sits):
+        slot (ring + j) % size then holds the j-th oldest position. Everything else that reads or writes the
+        buffers (`read`, `grown`, `aligned`, a longer `encode`) calls this first, so it sees them in order."""
+        if not self.ring:
+            return
+        for lk in self.layers:
+            if lk.sliding:
+                lk.k.copy_(torch.roll(lk.k, -self.ring, dims=2))
+                lk.v.copy_(torch.roll(lk.v, -self.ring, dims=2))
+        self.ring = 0
+
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached keys and values of one layer: (B, H, S, D) each."""
+        self.unroll()
         kv = self.layers[layer]
         n = (self._sliding_width if self.ragged else self.sliding_len()) if kv.sliding else self.length
         return kv.k[:, :, :n], kv.v[:, :, :n]
@@ -94,6 +111,7 @@ class KVCache:
             raise ValueError("a ragged (stacked) cache cannot grow; it is read-only")
         if capacity < self.length:
             raise ValueError(f"capacity {capacity} is below the {self.length} positions already cached")
+        self.unroll()
         ref = self.layers[0].k
         out = KVCache.empty(self.config, self.batch_size, capacity, device=ref.device, dtype=ref.dtype)
         for src, dst in zip(self.layers, out.layers, strict=True):
@@ -118,6 +136,7 @@ class KVCache:
         for c, b in rows:
             if c.ragged or not 0 <= b < c.batch_size:
                 raise ValueError("aligned takes rows of non-ragged caches")
+            c.unroll()
         ref = rows[0][0]
         real = [c.length - int(c.pos_offset[b]) for c, b in rows]
         length = max(real)

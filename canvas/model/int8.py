@@ -1,7 +1,9 @@
 """Int8 matmuls for the encoder's decode steps: the few-row passes of AR decoding read 4x fewer weight bytes.
 
-Owns `Int8Linear` (one weight, quantised once per output channel), `quantize_decode` (attaches them to a model's
-dense projections and its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting) and `DECODE_ROWS`.
+Owns `Int8Linear` (one weight, quantised once per output channel), `int8_weight_mm` (its "weight" matmul as
+plain aten ops, for the compiled decode step), `quantize_decode` (attaches them to a model's dense projections and
+its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting), `scheme_for` (what a served model gets: "auto",
+the default, is "weight" for fp32 models of `AUTO_MIN_PARAMS` parameters or more) and `DECODE_ROWS`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
 a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (the 32k
@@ -21,7 +23,8 @@ Invariants: only passes of at most `DECODE_ROWS` rows (batch x tokens) through `
 (`encode` decides); prefill, the denoiser and training keep the model's dtype and exact numerics. The int8 copies
 live beside the fp32 weights (about a quarter more memory) and are rebuilt by calling `quantize_decode` again
 after the weights change. Fidelity is measured, not assumed: `dcanvas bench ar --int8 SCHEME` reports the top-1
-agreement and KL of int8 decode steps against fp32 on the same prefix.
+agreement and KL of int8 decode steps against fp32 on the same prefix, `dcanvas model check --only probes --int8
+SCHEME` the NLL per character on the probe set against fp32 (the bound "auto" relies on: 1.005x).
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ class Int8Linear:
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
         # Symmetric per-output-channel scales; an all-zero row keeps scale 1 (any scale represents it exactly).
-        scale = (w.abs().amax(dim=1) / 127).masked_fill_(w.abs().amax(dim=1) == 0, 1.0)  # (N,)
+        amax = w.abs().amax(dim=1)  # (N,)
+        scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
         self._packed: Any = None
         if scheme == "dynamic":
             with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
@@ -66,7 +70,7 @@ class Int8Linear:
                                                 torch.qint8)
             self._packed = torch.ops.quantized.linear_prepack(qw, None)
         else:
-            q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (N, K)
+            q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # (N, K); in place: start-up time
             self._pad = -self.in_features % _PACK_MULTIPLE
             self._q = F.pad(q, (0, self._pad)) if self._pad else q.contiguous()  # (N, K + pad)
             self._scale = scale.to(torch.bfloat16)
@@ -77,22 +81,54 @@ class Int8Linear:
         if self.scheme == "dynamic":
             out = torch.ops.quantized.linear_dynamic(flat.contiguous(), self._packed, True)  # reduce_range
         else:
-            xb = flat.to(torch.bfloat16)
-            if self._pad:
-                xb = F.pad(xb, (0, self._pad))
-            out = torch.ops.aten._weight_int8pack_mm(xb, self._q, self._scale).float()
+            out = int8_weight_mm(flat, self._q, self._scale, self._pad)
         return out.view(*lead, self.out_features)
+
+    def weight_tensors(self) -> tuple[Tensor, Tensor, int] | None:
+        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; None
+        under "dynamic" (its packed weight is an opaque object)."""
+        return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad)
+
+
+def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
+    """x (R, K) fp32 @ the "weight" scheme's int8 weight q (N, K + pad) with per-channel bf16 `scale` -> (R, N)
+    fp32: bf16 activations, zero-padded to the kernel's multiple of 16. Plain aten ops, so `torch.compile` can
+    trace it."""
+    xb = x.to(torch.bfloat16)
+    if pad:
+        xb = F.pad(xb, (0, pad))
+    return torch.ops.aten._weight_int8pack_mm(xb, q, scale).float()
 
 
 def decode_scheme(choice: str | None = None) -> Scheme | None:
-    """The int8 scheme for decode steps: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "", "off" or
-    unset: none)."""
+    """The int8 scheme an explicit setting names: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "",
+    "off" or unset: none). What a model gets by default is `scheme_for`'s rule."""
     raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
     if raw in ("", "off", "none", "0"):
         return None
     if raw not in SCHEMES:
-        raise ValueError(f"{ENV_VAR} must be one of {('off', *SCHEMES)}, got {raw!r}")
+        raise ValueError(f"{ENV_VAR} must be one of {('auto', 'off', *SCHEMES)}, got {raw!r}")
     return "dynamic" if raw == "dynamic" else "weight"
+
+
+# "auto" (the default) gives int8 "weight" decode weights to fp32 models of at least this many parameters: there
+# the int8 step is the faster one and its fidelity was measured (probe NLL per character within 0.5 % of fp32 on the
+# converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m, the test presets) keep
+# exact fp32, as `canvas.model.cpu` keeps them out of bf16.
+AUTO_MIN_PARAMS = 50_000_000
+
+
+def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | None:
+    """The int8 decode scheme `model` gets: `choice`, else `DCANVAS_DECODE_INT8`; "auto" or unset: "weight" for an
+    fp32 model of at least `AUTO_MIN_PARAMS` parameters, none otherwise. A non-fp32 model never gets one."""
+    raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
+    if model.dtype != torch.float32:
+        decode_scheme(raw if raw != "auto" else "")  # still reject a malformed setting
+        return None
+    if raw in ("", "auto"):
+        big = sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMS
+        return "weight" if big else None
+    return decode_scheme(raw)
 
 
 def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionModel:

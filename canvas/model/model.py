@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
+from canvas.model.decode import DecodeCompiler, decode_layers
 from canvas.model.int8 import DECODE_ROWS
 from canvas.model.io import load_dir, save_pretrained
 from kernels.moe import fused_moe
@@ -212,6 +213,9 @@ class DiffusionModel(nn.Module):
         self.self_conditioning = SelfConditioning(config)
         self.head_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
         self.decode_int8: Scheme | None = None
+        self.int8_rows = DECODE_ROWS  # passes of at most this many rows use them (a fidelity check raises it)
+        self.decode_fast = True  # one-token steps through canvas.model.decode (False: the general path, to compare)
+        self.decode_compile: DecodeCompiler | None = None  # its compiled halves (canvas.model.decode)
         if init:
             self.reset_parameters()
 
@@ -345,8 +349,14 @@ class DiffusionModel(nn.Module):
             return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask
 
         # Decode steps (a few rows) go through the int8 weights when the model has them; prefill never does.
-        quant = self.decode_int8 is not None and B * T <= DECODE_ROWS
-        x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
+        quant = self.decode_int8 is not None and B * T <= self.int8_rows
+        if T == 1 and attention_mask is None and self.decode_fast:
+            # The one-token step through its own few-op layer stack (canvas.model.decode), same cache writes.
+            x = decode_layers(self, x[:, 0], positions[:, 0], cache, start, {False: full_mask, True: sliding_mask},
+                              quant)[:, None]
+        else:
+            cache.unroll()  # the general path writes the sliding buffers in order
+            x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
         cache.length = start + T
         cache.row_length.fill_(cache.length)
         cache.next_pos = cache.length - cache.pos_offset

@@ -95,3 +95,12 @@ def test_llama_bench_errors_are_typed(tmp_path: Path) -> None:
 def test_shape_rejects_empty_runs() -> None:
     with pytest.raises(ValueError, match="tokens must be >= 1"):
         ArShape(prompt=4, tokens=0, batch=1, runs=1)
+
+
+def test_bench_ar_times_the_general_step_beside_the_few_op_one() -> None:
+    torch.set_num_threads(1)
+    out = bench_ar(_args("--vs-general", "--compile", "off"))
+    assert out["step"] == "eager" and out["compile_s"] is None
+    assert set(out["variants"]) == {"general", "eager"}
+    assert out["variants"]["eager"]["decode_b1_step_ms"] == pytest.approx(out["decode_b1_step_ms"])
+    assert all(v > 0 for variant in out["variants"].values() for v in variant.values())

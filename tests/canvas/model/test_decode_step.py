@@ -153,3 +153,22 @@ def test_real_model_decode_steps_greedy_tokens_equal_one_pass_and_int8_stays_clo
     assert torch.equal(stepped.argmax(-1), whole[:, 520:].argmax(-1))
     fid = int8_fidelity(model, "weight", ArShape(prompt=64, tokens=24, batch=1, runs=1))
     assert fid["top1_agree"] >= 0.8 and fid["kl"] < 0.05 and 0.9 < fid["ppl_ratio"] < 1.1
+
+
+def test_auto_gives_int8_weight_decoding_to_large_fp32_models_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from canvas.model.int8 import AUTO_MIN_PARAMS, scheme_for
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    torch.manual_seed(0)
+    tiny = DiffusionModel(ModelConfig.from_name("tiny")).eval()
+    assert sum(p.numel() for p in tiny.parameters()) < AUTO_MIN_PARAMS
+    assert scheme_for(tiny) is None and scheme_for(tiny, "auto") is None  # small: exact fp32
+    assert scheme_for(tiny, "weight") == "weight"
+    with torch.device("meta"):  # the converted Gemma-3-270M's size, no memory
+        big = DiffusionModel(ModelConfig.from_name("tiny").replace(vocab_size=98_304, hidden_size=640), init=False)
+    assert scheme_for(big) == "weight"
+    monkeypatch.setenv(ENV_VAR, "off")
+    assert scheme_for(big) is None
+    assert scheme_for(tiny.to(torch.bfloat16), "weight") is None  # never for a non-fp32 model
+    with pytest.raises(ValueError, match=ENV_VAR):
+        scheme_for(tiny, "int4")
