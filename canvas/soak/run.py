@@ -42,6 +42,9 @@ from canvas.store import Store
 SAMPLE_S = 2.0
 FLAT = 0.10  # RSS and descriptors may grow by this share after warm-up
 WARMUP_S = 300.0  # the first 5 minutes of a server process (or a third of its life, if shorter) are warm-up
+# Past the deadline, writers finish their action, reconnect (grace) and may wait one unanswered request (ANSWER_S):
+# a writer or fault still running this long after it hangs, and is cancelled so that the run still reports.
+STRAGGLE_S = 900.0
 
 
 @dataclass
@@ -78,12 +81,15 @@ class Faults:
             write_control(self.control, "off")
 
 
-def flatness(samples: list[Sample], attr: str) -> dict[str, Any]:
-    """Growth of `attr` over the last server process after its warm-up: median of the last 5 samples over the
-    median of the first 5 after warm-up."""
+def flatness(samples: list[Sample], attr: str, start: int | None = None) -> dict[str, Any]:
+    """Growth of `attr` over one server process (`start`; default the last) after its warm-up: median of the last
+    5 samples over the median of the first 5 after warm-up."""
     if not samples:
         return {"growth": None, "flat": None}
-    last = [s for s in samples if s.start == samples[-1].start]
+    which = samples[-1].start if start is None else start
+    last = [s for s in samples if s.start == which]
+    if not last:
+        return {"growth": None, "flat": None}
     span = last[-1].t - last[0].t
     warm = last[0].t + min(WARMUP_S, span / 3)
     after = [float(getattr(s, attr)) for s in last if s.t >= warm]
@@ -192,8 +198,15 @@ class Soak:
         sampler = asyncio.create_task(self._sample())
         try:
             faults = asyncio.create_task(self._faults(actors, writers))
-            logs = await asyncio.gather(*(w.run() for w in writers))
-            await faults
+            names: dict[asyncio.Task[Any], str] = {asyncio.create_task(w.run()): w.log.name for w in writers}
+            names[faults] = "the fault schedule"
+            _, pending = await asyncio.wait(names, timeout=deadline + STRAGGLE_S - time.monotonic())
+            for task in pending:  # hung: a client left without an answer (the writer's journal says where)
+                who = names[task]
+                self.harness.append(f"{who} still running {STRAGGLE_S:.0f} s after the deadline: cancelled")
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            logs = [w.log for w in writers]
         finally:
             sampler.cancel()
             await asyncio.to_thread(self.faults.off)
@@ -259,6 +272,13 @@ class Soak:
                        "burst_admitted": actors.log.admitted, "statuses": dict(actors.log.statuses),
                        "stall_closed_by_server": actors.log.stall_closed},  # fmt: skip
             "server_rss_mib": rss, "server_fds": fds,
+            "by_process": {str(n): {"rss_growth": flatness(self.samples, "rss_mib", n)["growth"],
+                                    "fds_growth": flatness(self.samples, "fds", n)["growth"],
+                                    "rss_mib_max": max(s.rss_mib for s in self.samples if s.start == n),
+                                    "fds_max": max(s.fds for s in self.samples if s.start == n)}
+                           for n in sorted({s.start for s in self.samples})},  # fmt: skip
+            "late_answers": {"count": sum(len(log.late) for log in logs),
+                             "slowest_s": max((x[2] for log in logs for x in log.late), default=None)},
             "loop_lag_p99_ms": {"median_of_minutes": round(statistics.median(lags), 2) if lags else None,
                                 "worst_minute": max(lags) if lags else None,
                                 "max_ever_last_process": (health.get("loop_lag_ms") or {}).get("max_ever")},
