@@ -25,7 +25,7 @@ from canvas.document.errors import (
     StateError,
     WindowError,
 )
-from canvas.document.history import FORMAT, Change, SavedState, Splice, parse_state, state_to_json
+from canvas.document.history import FORMAT, Change, JsonMemo, SavedState, Splice, parse_state, state_to_json
 from canvas.document.proposal import build_proposal, region_atoms
 from canvas.document.tokenizer import TextTokenizer, atoms_from_text
 from canvas.document.views import CanvasView, FreeRegion, Proposal, RegionEdit, Span, SpanKind
@@ -75,6 +75,7 @@ class Document:
         self._undo: list[Change] = []
         self._redo: list[Change] = []
         self._doc_id = doc_id if doc_id is not None else uuid.uuid4().hex
+        self._json_memo: JsonMemo = {}  # `to_dict`: each undo unit's JSON, made once (units never change)
         # Caches derived from the atoms and the window start; `_invalidate` drops them after every mutation.
         self._text: str | None = None
         self._bounds: tuple[list[int], list[int]] | None = None
@@ -295,7 +296,7 @@ class Document:
         """Full state (atoms, window, version, undo and redo stacks) as JSON-serialisable data."""
         state = SavedState(FORMAT, self._doc_id, self._version, self._cfg, self._w, tuple(self._atoms),
                            tuple(self._undo), tuple(self._redo))  # fmt: skip
-        return state_to_json(state)
+        return state_to_json(state, self._json_memo)
 
     @classmethod
     def from_dict(cls, data: Any, tokenizer: TextTokenizer) -> Document:

@@ -47,7 +47,22 @@ class SavedState:
     redo: tuple[Change, ...]
 
 
-def state_to_json(s: SavedState) -> dict[str, Any]:
+# id(change) -> (the change, its JSON). Holding the change keeps its id from being reused while it is cached.
+JsonMemo = dict[int, tuple[Change, dict[str, Any]]]
+
+
+def state_to_json(s: SavedState, memo: JsonMemo | None = None) -> dict[str, Any]:
+    """The JSON form of `s`. With `memo` (one per document, kept by it) each undo unit is turned into JSON once:
+    a `Change` never changes, and a server saves the whole state after every edit, so without it each edit costs the
+    whole history again (200 units of up to a window each: found by the 60-minute soak, 70% of the event loop's
+    time). The memo is left holding only the units of `s`. The JSON it hands out is shared: read it, never change it."""
+    if memo is None:
+        undo, redo = [change_to_json(c) for c in s.undo], [change_to_json(c) for c in s.redo]
+    else:
+        kept: JsonMemo = {}
+        undo, redo = _memoised(s.undo, memo, kept), _memoised(s.redo, memo, kept)
+        memo.clear()
+        memo.update(kept)
     return {
         "format": s.format,
         "doc_id": s.doc_id,
@@ -59,9 +74,19 @@ def state_to_json(s: SavedState) -> dict[str, Any]:
         },
         "window": s.window,
         "atoms": [atom_to_json(a) for a in s.atoms],
-        "undo": [change_to_json(c) for c in s.undo],
-        "redo": [change_to_json(c) for c in s.redo],
+        "undo": undo,
+        "redo": redo,
     }
+
+
+def _memoised(changes: tuple[Change, ...], memo: JsonMemo, kept: JsonMemo) -> list[dict[str, Any]]:
+    out = []
+    for c in changes:
+        hit = memo.get(id(c))
+        json = hit[1] if hit is not None and hit[0] is c else change_to_json(c)
+        kept[id(c)] = (c, json)
+        out.append(json)
+    return out
 
 
 def parse_state(data: Any) -> SavedState:

@@ -8,9 +8,15 @@ control file. The file holds one JSON object that the test rewrites (atomically,
     {"mode": "full"}                         the disk is full: SQLite itself refuses to grow the database past
                                              its present size (`max_page_count`), with SQLITE_FULL
 
-Invariants: reads always go through; a write that fails here fails before the store sees it (error) or inside
-the store's own transaction, which it rolls back (full), so an injected failure never leaves a partial write. The
-control file is read again only when its modification time changes (one `stat` a write).
+A PostgreSQL store (`canvas.store.base.SharedStore`) is wrapped in `FaultySharedStore`, which passes its cross-process
+locks and notifications through untouched. Its faults are raised as psycopg's own error classes, before the write
+reaches the server (PostgreSQL has no per-database size cap to lower): `error` as `IoError` (SQLSTATE 58030),
+`full` as `DiskFull` (53100), both `OperationalError`s, which the server takes for a store that could not write.
+
+Invariants: reads always go through; a write that fails here fails before the store sees it (error; full on
+PostgreSQL) or inside the store's own transaction, which it rolls back (full on SQLite), so an injected failure
+never leaves a partial write. The control file is read again only when its modification time changes (one `stat`
+a write).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import os
 import random
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from canvas.store.base import DocRecord, DocStore, EditRecord, Positions, ProposalRecord, SharedStore
@@ -36,8 +42,8 @@ def from_env(store: DocStore) -> DocStore:
     control = os.environ.get(FAULTS_ENV)
     if not control:
         return store
-    if isinstance(store, SharedStore):  # the wrapper would hide its cross-process locks from the server
-        raise ValueError(f"{FAULTS_ENV} works with a SQLite store only, not {type(store).__name__}")
+    if isinstance(store, SharedStore):  # its cross-process locks must stay visible to the server (peers)
+        return FaultySharedStore(store, control)
     return FaultyStore(store, control)
 
 
@@ -105,10 +111,19 @@ class FaultyStore:
         with self._lock:
             self._refresh()
             fail = self._mode == "error" and self._rng.random() < self._p
-            if fail:
+            full = self._mode == "full" and not isinstance(self.inner, Store)  # SQLite: its own cap says so
+            if fail or full:
                 self.injected += 1
         if fail:
-            raise sqlite3.OperationalError("disk I/O error")
+            raise self._io_error()
+        if full:
+            raise self._full_error()
+
+    def _io_error(self) -> Exception:
+        return sqlite3.OperationalError("disk I/O error")
+
+    def _full_error(self) -> Exception:
+        return sqlite3.OperationalError("database or disk is full")
 
     # -- writes: may fail --------------------------------------------------------------------------------------
 
@@ -160,3 +175,32 @@ class FaultyStore:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class FaultySharedStore(FaultyStore):
+    """A `FaultyStore` around a store that several server processes share (PostgreSQL): its writes fail with
+    psycopg's errors, and its locks and notifications pass through (they are no writes of documents)."""
+
+    inner: Any  # a DocStore that is also a SharedStore
+
+    def _io_error(self) -> Exception:
+        from psycopg import errors
+
+        return errors.IoError("could not write to file: Input/output error (injected)")
+
+    def _full_error(self) -> Exception:
+        from psycopg import errors
+
+        return errors.DiskFull("could not extend file: No space left on device (disk full, injected)")
+
+    def try_lock(self, doc_id: str) -> bool:
+        return bool(self.inner.try_lock(doc_id))
+
+    def unlock(self, doc_id: str) -> None:
+        self.inner.unlock(doc_id)
+
+    def changed(self, doc_id: str) -> bool:
+        return bool(self.inner.changed(doc_id))
+
+    def listen(self, callback: Callable[[str], None]) -> None:
+        self.inner.listen(callback)

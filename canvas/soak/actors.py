@@ -20,9 +20,13 @@ from websockets.asyncio.client import connect as ws_connect
 
 from canvas.protocol import ErrorCode, GenProgress, MaskOp, ProtocolError
 from canvas.protocol.client import ConnectionLost, DcanvasClient, Generation
+from canvas.soak.writers import ANSWER_S
 
 TEXT = "A long road ran past the old mill, over the bridge and up the hill to the farm."
 LONG = {"max_steps": 256, "entropy_bound": 1e-6}  # accepts about one slot a step: a generation that runs long
+# A drop waits this many refusals for a place: the writers keep the queue full (a real model on CPU admits one
+# generation at a time), and with fewer tries most drops never got to drop anything.
+DROP_TRIES = 60
 
 
 @dataclass
@@ -86,16 +90,15 @@ class Actors:
             return
         try:
             doc_id, v = await self._doc(c, "drop")
-            gen = await self._admitted(c, doc_id, v, 10, **LONG)
+            gen = await self._admitted(c, doc_id, v, DROP_TRIES, **LONG)
             if gen is None:
                 self.log.skipped["drop"] += 1
                 return
-            async for ev in gen:
-                if isinstance(ev, GenProgress):
-                    break
+            while not isinstance(await asyncio.wait_for(gen.__anext__(), ANSWER_S), GenProgress):
+                pass  # its first progress frame: the generation is running
             # Gone without a close frame, as a laptop lid closes: the TCP connection is simply cut.
             c._ws.transport.abort()
-        except (ConnectionLost, ProtocolError) as e:
+        except (ConnectionLost, ProtocolError, TimeoutError, StopAsyncIteration) as e:
             self._lost_or_error("drop", e)
             return
         finally:
@@ -108,7 +111,7 @@ class Actors:
                     self.log.violations.append(f"drop: document {doc_id} at v{s.v} (gen {s.gen}) after the drop, "
                                                f"was v{v}")  # fmt: skip
                 await self._delete(c2, doc_id)
-        except (ConnectionLost, ProtocolError, OSError) as e:
+        except (ConnectionLost, ProtocolError, OSError, TimeoutError) as e:
             self._lost_or_error("drop-check", e)
             return
         self.log.done["drop"] += 1
@@ -166,7 +169,7 @@ class Actors:
             for c, (d, _) in zip(clients, docs, strict=True):
                 await self._delete(c, d)
             self.log.done["burst"] += 1
-        except (ConnectionLost, ProtocolError) as e:
+        except (ConnectionLost, ProtocolError, TimeoutError) as e:
             self._lost_or_error("burst", e)
         finally:
             await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
@@ -182,7 +185,7 @@ class Actors:
             self._error("burst gen.start", e)
             return "error"
         self.log.admitted += 1
-        done = await gen.result()
+        done = await asyncio.wait_for(gen.result(), ANSWER_S)
         self.log.statuses[done.status] += 1
         if done.status == "failed":
             self.log.untyped.append(f"{self._now()}: burst generation {done.gen} failed: {done.message}")
@@ -207,5 +210,9 @@ class Actors:
             self.log.lost.append((self._now(), e.code, who))
         elif isinstance(e, ProtocolError):
             self._error(who, e)
+        elif isinstance(e, TimeoutError):  # a client left without an answer is a failure, whatever the server did
+            self.log.untyped.append(f"{self._now()}: {who}: no answer within {ANSWER_S:.0f} s")
+        elif isinstance(e, StopAsyncIteration):  # gen.done before any progress frame: nothing was dropped mid-way
+            pass
         else:
             self.log.lost.append((self._now(), None, f"{who}: {type(e).__name__}"))

@@ -1,6 +1,6 @@
 """`dcanvas bench soak`: writers against a real server while faults fire on a schedule; then the checker.
 
-    dcanvas bench soak --minutes 60 --sessions 20 --faults all --seed 1 [--model DIR]
+    dcanvas bench soak --minutes 60 --sessions 20 --faults all --seed 1 [--model DIR] [--db postgresql://...]
 
 Starts `dcanvas serve` on a free loopback port with a fault-injecting store (`canvas.server.faults`, enabled for
 this process only), runs `--sessions` writers (`canvas.soak.writers`) for `--minutes`, and fires the faults of
@@ -9,8 +9,10 @@ lag (`/health`) every 2 s. At the end the writers finish, the faults stop, the s
 on the same database, every writer's document is read back through it, and the store itself is read
 (`canvas.soak.checker`). Prints a summary and, as the last line, one JSON report; exits 1 on any violation or when
 the server's RSS or descriptors grew by more than 10% after warm-up. Everything runs in a temporary folder (or
-`--workdir`), which keeps the server's log, its database and the report. With `--ray` the server's engine runs as
-Ray Serve replicas on a local Ray that this process starts and stops, and `ray_kill` kills one's process now and then.
+`--workdir`), which keeps the server's log, its database and the report; with `--db URL` the documents live in
+that PostgreSQL database instead (empty at the start; the store's faults are then psycopg's errors). With `--ray`
+the server's engine runs as Ray Serve replicas on a local Ray that this process starts and stops, and `ray_kill`
+kills one's process now and then.
 """
 
 from __future__ import annotations
@@ -37,11 +39,15 @@ from canvas.soak.checker import check_actors, check_final, check_store, check_wr
 from canvas.soak.schedule import FAULTS, Fault, draw, parse_faults
 from canvas.soak.server import ServerArgs, ServerProc, open_fds, rss_mib
 from canvas.soak.writers import Known, Writer, WriterLog
-from canvas.store.sqlite import Store
+from canvas.store import open_store
+from canvas.store.base import describe
 
 SAMPLE_S = 2.0
 FLAT = 0.10  # RSS and descriptors may grow by this share after warm-up
 WARMUP_S = 300.0  # the first 5 minutes of a server process (or a third of its life, if shorter) are warm-up
+# Past the deadline, writers finish their action, reconnect (grace) and may wait one unanswered request (ANSWER_S):
+# a writer or fault still running this long after it hangs, and is cancelled so that the run still reports.
+STRAGGLE_S = 900.0
 
 
 @dataclass
@@ -78,12 +84,15 @@ class Faults:
             write_control(self.control, "off")
 
 
-def flatness(samples: list[Sample], attr: str) -> dict[str, Any]:
-    """Growth of `attr` over the last server process after its warm-up: median of the last 5 samples over the
-    median of the first 5 after warm-up."""
+def flatness(samples: list[Sample], attr: str, start: int | None = None) -> dict[str, Any]:
+    """Growth of `attr` over one server process (`start`; default the last) after its warm-up: median of the last
+    5 samples over the median of the first 5 after warm-up."""
     if not samples:
         return {"growth": None, "flat": None}
-    last = [s for s in samples if s.start == samples[-1].start]
+    which = samples[-1].start if start is None else start
+    last = [s for s in samples if s.start == which]
+    if not last:
+        return {"growth": None, "flat": None}
     span = last[-1].t - last[0].t
     warm = last[0].t + min(WARMUP_S, span / 3)
     after = [float(getattr(s, attr)) for s in last if s.t >= warm]
@@ -102,9 +111,9 @@ class Soak:
         self.kinds = parse_faults(args.faults, ray=args.ray)
         self.schedule = draw(args.seed, self.seconds, self.kinds)
         self.server = ServerProc(ServerArgs(
-            db=workdir / "docs.db", control=workdir / "faults.json", log=workdir / "server.log", model=args.model,
-            threads=args.threads, max_batch=args.max_batch, max_queue=args.max_queue, ray_address=ray_address,
-            replicas=args.replicas))  # fmt: skip
+            db=args.db or workdir / "docs.db", control=workdir / "faults.json", log=workdir / "server.log",
+            model=args.model, threads=args.threads, max_batch=args.max_batch, max_queue=args.max_queue,
+            ray_address=ray_address, replicas=args.replicas))  # fmt: skip
         self.faults = Faults(workdir / "faults.json", args.seed)
         self.kills: list[tuple[float, float]] = []
         self.samples: list[Sample] = []
@@ -192,8 +201,15 @@ class Soak:
         sampler = asyncio.create_task(self._sample())
         try:
             faults = asyncio.create_task(self._faults(actors, writers))
-            logs = await asyncio.gather(*(w.run() for w in writers))
-            await faults
+            names: dict[asyncio.Task[Any], str] = {asyncio.create_task(w.run()): w.log.name for w in writers}
+            names[faults] = "the fault schedule"
+            _, pending = await asyncio.wait(names, timeout=deadline + STRAGGLE_S - time.monotonic())
+            for task in pending:  # hung: a client left without an answer (the writer's journal says where)
+                who = names[task]
+                self.harness.append(f"{who} still running {STRAGGLE_S:.0f} s after the deadline: cancelled")
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            logs = [w.log for w in writers]
         finally:
             sampler.cancel()
             await asyncio.to_thread(self.faults.off)
@@ -206,7 +222,7 @@ class Soak:
             finals = await self._read_back(logs)
         finally:
             await asyncio.to_thread(self.server.stop)
-        store = Store(self.server.args.db)
+        store = open_store(self.server.args.db)
         try:
             violations = [v for log in logs for v in check_writer(log, self.kills)]
             violations += check_actors(actors.log, self.kills) + check_final(logs, finals) + check_store(store, logs)
@@ -239,7 +255,8 @@ class Soak:
         a = self.args
         return {
             "seed": a.seed, "minutes": a.minutes, "sessions": a.sessions, "faults": list(self.kinds),
-            "model": a.model or "the server's default", "wall_s": round(wall, 1),
+            "model": a.model or "the server's default", "store": describe(self.server.args.db),
+            "wall_s": round(wall, 1),
             "violations": len(violations), "violation_list": violations[:50],
             "ok": not violations and rss["flat"] is not False and fds["flat"] is not False,
             "faults_fired": dict(self.fired), "schedule": [[f.at_s, f.kind, f.duration_s] for f in self.schedule],
@@ -259,6 +276,13 @@ class Soak:
                        "burst_admitted": actors.log.admitted, "statuses": dict(actors.log.statuses),
                        "stall_closed_by_server": actors.log.stall_closed},  # fmt: skip
             "server_rss_mib": rss, "server_fds": fds,
+            "by_process": {str(n): {"rss_growth": flatness(self.samples, "rss_mib", n)["growth"],
+                                    "fds_growth": flatness(self.samples, "fds", n)["growth"],
+                                    "rss_mib_max": max(s.rss_mib for s in self.samples if s.start == n),
+                                    "fds_max": max(s.fds for s in self.samples if s.start == n)}
+                           for n in sorted({s.start for s in self.samples})},  # fmt: skip
+            "late_answers": {"count": sum(len(log.late) for log in logs),
+                             "slowest_s": max((x[2] for log in logs for x in log.late), default=None)},
             "loop_lag_p99_ms": {"median_of_minutes": round(statistics.median(lags), 2) if lags else None,
                                 "worst_minute": max(lags) if lags else None,
                                 "max_ever_last_process": (health.get("loop_lag_ms") or {}).get("max_ever")},
@@ -321,6 +345,19 @@ def run(args: argparse.Namespace) -> int:
     if args.minutes <= 0 or args.sessions < 1:
         print("dcanvas bench soak: --minutes must be > 0 and --sessions >= 1", file=sys.stderr)
         return 2
+    if args.db is not None:
+        try:
+            store = open_store(args.db)
+        except Exception as e:  # noqa: BLE001 (StoreError, or psycopg missing: said plainly)
+            print(f"dcanvas bench soak: --db: {e}", file=sys.stderr)
+            return 2
+        try:
+            if store.count():  # the checker reads the whole store as the writers' own
+                print(f"dcanvas bench soak: {describe(args.db)} already holds documents; give an empty database",
+                      file=sys.stderr)  # fmt: skip
+                return 2
+        finally:
+            store.close()
     if args.workdir is not None:
         workdir = Path(args.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -356,5 +393,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", action="store_true", help="the server's engine as Ray Serve replicas (a local Ray)")
     parser.add_argument("--replicas", type=int, default=2, help="with --ray: engine replicas")
     parser.add_argument("--gen-steps", default="8,12,16", help="max_steps the writers ask for (comma-separated)")
+    parser.add_argument("--db", default=None, help="an empty PostgreSQL database (postgresql://...) for the documents "
+                        "(default: a SQLite file in the workdir)")  # fmt: skip
     parser.add_argument("--workdir", default=None, help="keep the database and server log here (default: a temp dir)")
     parser.set_defaults(func=run)

@@ -47,7 +47,7 @@ def open_fds(pid: int) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class ServerArgs:
-    db: Path
+    db: Path | str  # a SQLite file, or a PostgreSQL URL (`postgresql://...`)
     control: Path  # the fault-injecting store's control file (canvas.server.faults)
     log: Path  # the server's stdout and stderr
     model: str | None = None

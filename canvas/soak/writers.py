@@ -11,6 +11,11 @@ connection is journalled with its close code and what was in flight, then the wr
 restarting), re-reads its document and journals it (`reconcile`): the in-flight change may have been applied once,
 or not at all. An accept whose answer was lost is retried: a second application would be a duplicate.
 
+Slow answers: on a loaded machine with a real model a reply (or the next frame of a generation) can take many
+seconds. A reply later than `LATE_S` is journalled as late (`WriterLog.late`, a figure, not a failure: it came, and
+typed); only a request with no answer at all within `ANSWER_S` counts as unanswered (a violation), and then the
+writer drops that connection, reconnects and reconciles as after a lost one.
+
 Invariant: a writer has at most one request in flight, so at most one change can be unaccounted for.
 """
 
@@ -23,8 +28,9 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from canvas.protocol import DocState, ErrorCode, GenProgress, MaskOp, PinOp, ProtocolError, ReplaceOp
+from canvas.protocol import DocState, ErrorCode, GenDone, GenProgress, MaskOp, PinOp, ProtocolError, ReplaceOp
 from canvas.protocol.client import ConnectionLost, DcanvasClient, Generation
 
 # Closed at both ends: a generation that rewrites the text beside a marker cannot extend it into another one.
@@ -36,6 +42,9 @@ TEXTS = [
     "We walked along the road until the sun went down behind the trees.",
 ]
 MAX_CHARS = 420  # past this a writer deletes markers instead of adding them: the document stays inside one window
+LATE_S = 30.0  # a reply (or a generation's next frame) slower than this is journalled as late
+ANSWER_S = 300.0  # no reply (or no next frame) within this: unanswered, a violation; the connection is dropped
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,8 @@ class WriterLog:
     # busy: "queue" (the queue is full), "store" / "store_full" (the store could not write); "rate": rate_limited
     refusals: Counter[str] = field(default_factory=Counter)
     untyped: list[str] = field(default_factory=list)  # internal errors, failed generations
-    unanswered: list[str] = field(default_factory=list)  # requests without any answer within the timeout
+    unanswered: list[str] = field(default_factory=list)  # requests without any answer within `ANSWER_S`
+    late: list[tuple[float, str, float]] = field(default_factory=list)  # (t, what, seconds): answered after `LATE_S`
     gens: dict[str, str] = field(default_factory=dict)  # gen -> its gen.done status, or "lost" with the connection
     told: dict[str, str] = field(default_factory=dict)  # gen -> the text of its proposal (completed)
     accepted: list[str] = field(default_factory=list)  # accepts acknowledged (or confirmed by `conflict: accepted`)
@@ -86,7 +96,7 @@ class WriterLog:
 
 class Writer:
     def __init__(self, index: int, url: str, t0: float, deadline: float, *, seed: int, gen_steps: tuple[int, ...],
-                 grace_s: float = 240.0, request_timeout: float = 60.0) -> None:  # fmt: skip
+                 grace_s: float = 240.0, request_timeout: float = ANSWER_S) -> None:  # fmt: skip
         self.i, self.url, self.t0, self.deadline = index, url, t0, deadline
         self.hard_deadline = deadline + grace_s  # reconnecting (a restart) may run this long past the deadline
         self.rng = random.Random(seed)
@@ -119,9 +129,9 @@ class Writer:
                 except ConnectionLost as e:
                     self.log.lost.append((self._now(), e.code, self.inflight))
                     self.client = None
-                except TimeoutError:  # a request without any answer: the connection cannot be trusted
-                    self.log.unanswered.append(f"{self._now()}: {self.inflight or 'a request'}")
-                    await self._drop_client()
+                except TimeoutError as e:  # a request without any answer: the connection cannot be trusted
+                    self.log.unanswered.append(f"{self._now()}: {self.inflight or str(e) or 'a request'}")
+                    await self._drop_client()  # the next loop reconnects and reconciles what was in flight
             # A connection lost in the last action: reconcile before stopping, so the journal ends on what is stored.
             if self.client is None and self.log.doc_id:
                 await self._connect()
@@ -174,7 +184,7 @@ class Writer:
         assert self.client is not None
         for _ in range(20):
             try:
-                return await call(self.client)
+                return await self._ask("open", call(self.client))
             except ProtocolError as e:
                 if not await self._refused(e):
                     self._error(e)
@@ -201,6 +211,26 @@ class Writer:
 
     # -- requests ----------------------------------------------------------------------------------------------
 
+    async def _ask(self, what: str, call: Awaitable[T]) -> T:
+        """One request's reply (or a generation's next frame), journalled as late when it took over `LATE_S`. The
+        client's own timeout (`ANSWER_S`) raises `TimeoutError`; `wait_s` bounds what has none (a stream)."""
+        t = time.monotonic()
+        try:
+            return await call
+        finally:
+            took = time.monotonic() - t
+            if took > LATE_S:
+                self.log.late.append((self._now(), what, round(took, 1)))
+
+    async def _next(self, gen: Generation) -> GenProgress | GenDone | None:
+        """The generation's next frame; None after its `gen.done`. No frame within `ANSWER_S`: `TimeoutError`."""
+        try:
+            return await self._ask(f"gen:{gen.gen}", asyncio.wait_for(gen.__anext__(), self.request_timeout))
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            raise TimeoutError(f"generation {gen.gen}: no frame for {self.request_timeout:.0f} s") from None
+
     async def _refused(self, e: ProtocolError) -> bool:
         """A retryable refusal: counted, waited out as the server said. False for any other error."""
         if e.code is ErrorCode.BUSY:
@@ -226,7 +256,7 @@ class Writer:
                 raise ConnectionLost(None, "not connected")
             self.inflight = kind
             try:
-                s = await call(self.client)
+                s = await self._ask(kind, call(self.client))
             except ProtocolError as e:
                 self.inflight = None
                 if await self._refused(e):
@@ -283,7 +313,7 @@ class Writer:
             gen = self.client.generate(self.log.doc_id, v, max_steps=self.rng.choice(self.gen_steps),
                                        seed=self.rng.randrange(1 << 30))  # fmt: skip
             try:
-                await gen
+                await self._ask("gen.start", gen.start())
             except ProtocolError as e:
                 if await self._refused(e):
                     continue
@@ -297,7 +327,7 @@ class Writer:
         cancel_after = 2 if self.rng.random() < 0.1 else -1
         frames = 0
         try:
-            async for ev in gen:
+            while (ev := await self._next(gen)) is not None:
                 if isinstance(ev, GenProgress):
                     frames += 1
                     if frames == cancel_after:
@@ -325,7 +355,7 @@ class Writer:
             assert self.client is not None
             self.inflight = f"reject:{gen}"
             try:
-                await self.client.reject(gen)
+                await self._ask(f"reject:{gen}", self.client.reject(gen))
             except ProtocolError as e:
                 self.inflight = None
                 if await self._refused(e):
@@ -344,7 +374,7 @@ class Writer:
             v = self.known.v
             self.inflight = f"accept:{gen}"  # lost again: the next re-read allows for it once more
             try:
-                s = await self.client.accept(gen, v)
+                s = await self._ask(f"accept:{gen}", self.client.accept(gen, v))
             except ProtocolError as e:
                 self.inflight = None
                 if await self._refused(e):

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
-from canvas.server.faults import FAULTS_ENV, FaultyStore, from_env, write_control
+from canvas.server.faults import FAULTS_ENV, FaultySharedStore, FaultyStore, from_env, write_control
 from canvas.server.lag import LagConfig, LoopLag
+from canvas.server.persist import write_failed
+from canvas.store.base import SharedStore
 from canvas.store.sqlite import Store
 from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, edit, generate, open_doc, served
 
@@ -105,6 +107,42 @@ def test_from_env_wraps_only_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with pytest.raises(ValueError, match="p must be"):
         write_control(tmp_path / "c.json", "error", p=2.0)
     inner.close()
+
+
+def test_a_postgresql_store_keeps_its_locks_and_fails_as_psycopg(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pg_url: str
+) -> None:
+    """A shared store is wrapped too (before, `from_env` refused it, so no soak could run on PostgreSQL): its
+    cross-process lock still works through the wrapper, and its injected faults are psycopg's store errors (which
+    the server answers with a retryable `busy`), the refused write nowhere."""
+    from psycopg import errors
+
+    from canvas.store.pg import PgStore
+
+    control = tmp_path / "c.json"
+    monkeypatch.setenv(FAULTS_ENV, str(control))
+    other = PgStore(pg_url)
+    store = from_env(PgStore(pg_url))
+    try:
+        assert isinstance(store, FaultySharedStore) and isinstance(store, SharedStore)
+        store.save("d", 0, {"text": "a"})
+        assert store.try_lock("d") and not other.try_lock("d")  # the lock is the inner store's own
+        store.unlock("d")
+        assert other.try_lock("d")
+        other.unlock("d")
+        for mode, error in (("error", errors.IoError), ("full", errors.DiskFull)):
+            write_control(control, mode, p=1.0)
+            with pytest.raises(error) as caught:
+                store.save("d", 1, {"text": "ab"}, [{"op": "x"}])
+            assert write_failed(caught.value)
+            assert store.load("d") == (0, {"text": "a"}) and store.edits("d") == []
+        assert store.injected == 2
+        write_control(control, "off")
+        store.save("d", 1, {"text": "ab"}, [{"op": "x"}])
+        assert other.load("d")[0] == 1
+    finally:
+        store.close()
+        other.close()
 
 
 # -- the server: a refused write changes nothing ------------------------------------------------------------------

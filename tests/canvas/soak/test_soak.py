@@ -54,3 +54,27 @@ def test_a_soak_on_ray_replicas_survives_a_replica_killed(tmp_path: Path) -> Non
     assert report["replicas_killed"] and report["kills"] and report["faults_fired"]["drop"] >= 1
     assert report["acknowledged_changes"] > 50 and report["generations"].get("completed", 0) > 5
     assert returncode == 0
+
+
+def test_a_soak_on_postgresql_loses_nothing(tmp_path: Path, pg_url: str) -> None:
+    """The same on a PostgreSQL store (`--db`): its write errors and full disk (psycopg's own errors), kill -9 and
+    restart, a dropped client; the checker reads the PostgreSQL store."""
+    report, returncode = _soak(tmp_path, "--minutes", "2", "--sessions", "3", "--seed", "5", "--db", pg_url,
+                               "--faults", "store_errors,disk_full,kill,drop")  # fmt: skip
+    assert report["violations"] == 0, report["violation_list"]
+    assert report["store"].startswith("postgresql://") and report["kills"], report["faults_fired"]
+    assert report["refusals"].get("store", 0) > 0 and report["refusals"].get("store_full", 0) > 0, report["refusals"]
+    assert report["acknowledged_changes"] > 50 and report["generations"].get("completed", 0) > 5
+    assert returncode == 0
+
+
+def test_a_soak_refuses_a_database_that_holds_documents(tmp_path: Path, pg_url: str) -> None:
+    from canvas.store.pg import PgStore
+
+    with PgStore(pg_url) as store:
+        store.save("someone-elses", 0, {"text": "x"})
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "canvas.cli", "bench", "soak", "--minutes", "1", "--db", pg_url,
+           "--workdir", str(tmp_path)]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "already holds documents" in out.stderr, out.stderr[-2000:]
