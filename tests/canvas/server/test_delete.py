@@ -3,27 +3,14 @@ document open told, a running generation cancelled, and the refusals (stale base
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.store.sqlite import Store
-from tests.canvas.wsconn import SLOW, Conn, Factory, edit, generate, open_doc, served
+from tests.canvas.wsconn import SLOW, Conn, Factory, edit, generate, open_doc
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Backend:
-    return load_backend(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model")), max_batch=4)
-
-
-@pytest.fixture
-def serve(backend: Backend, tmp_path: Path) -> Iterator[Factory]:
-    with served(backend, tmp_path) as make:
-        yield make
 
 
 def test_delete_removes_everything_and_tells_the_other_sessions(serve: Factory, tmp_path: Path) -> None:

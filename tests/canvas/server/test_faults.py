@@ -15,26 +15,14 @@ from typing import Any
 
 import pytest
 
-from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.server.faults import FAULTS_ENV, FaultySharedStore, FaultyStore, from_env, write_control
 from canvas.server.lag import LagConfig, LoopLag
 from canvas.server.persist import write_failed
 from canvas.store.base import SharedStore
 from canvas.store.sqlite import Store
-from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, edit, generate, open_doc, served
+from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, edit, generate, open_doc
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Backend:
-    return load_backend(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model")), max_batch=4)
-
-
-@pytest.fixture
-def serve(backend: Backend, tmp_path: Path) -> Iterator[Factory]:
-    with served(backend, tmp_path) as make:
-        yield make
 
 
 @pytest.fixture

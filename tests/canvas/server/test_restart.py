@@ -13,22 +13,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from canvas.document import Document, StateError, proposal_from_json, proposal_to_json
-from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
+from canvas.engine.backend import Backend
 from canvas.server import proposals as proposals_module
-from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, edit, generate, open_doc, served
+from tests.canvas.wsconn import SLOW, TEXT, Conn, Factory, edit, generate, open_doc
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Backend:
-    return load_backend(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model")), max_batch=4)
-
-
-@pytest.fixture
-def serve(backend: Backend, tmp_path: Path) -> Iterator[Factory]:
-    with served(backend, tmp_path) as make:
-        yield make
 
 
 @contextmanager

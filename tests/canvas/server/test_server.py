@@ -15,30 +15,19 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
+from canvas.engine.backend import Backend
 from canvas.protocol import ServerLimits
 from canvas.sampling.modes import LABELS
 from canvas.sampling.sampler import SamplerConfig
 from canvas.server.app import create_app
 from canvas.server.config import ServerConfig
 from canvas.store.sqlite import Store
-from tests.canvas.wsconn import TEXT, Conn, Factory, served
+from tests.canvas.wsconn import TEXT, Conn, Factory
 from tests.canvas.wsconn import edit as _edit
 from tests.canvas.wsconn import generate as _generate
 from tests.canvas.wsconn import open_doc as _open
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Backend:
-    return load_backend(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model")), max_batch=4)
-
-
-@pytest.fixture
-def serve(backend: Backend, tmp_path: Path) -> Iterator[Factory]:
-    with served(backend, tmp_path) as make:
-        yield make
 
 
 @pytest.fixture
