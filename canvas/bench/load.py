@@ -37,6 +37,7 @@ from typing import Any
 
 from canvas.protocol import ErrorCode, GenProgress, MaskOp, ProtocolError
 from canvas.protocol.client import DcanvasClient, Generation
+from canvas.soak.server import rss_mib
 
 _TEXTS = [
     "The cat sat on the mat and watched the rain fall on the garden.",
@@ -155,16 +156,6 @@ def _cpu_s(pid: int | None) -> float | None:
         return None
 
 
-def _rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
 async def _solo(url: str, token: str | None, n: int) -> list[float]:
     """First-frame times of `n` generations, one at a time on the idle server: a generation's own first frame."""
     fig = Figures()
@@ -209,7 +200,7 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
 
     async def sample() -> None:
         while pid is not None:
-            value = _rss_mib(pid)
+            value = rss_mib(pid)
             if value is not None:
                 rss.append((round(time.monotonic() - t0, 1), value))
             await asyncio.sleep(1.0)
