@@ -3,7 +3,7 @@
 `python -m canvas.training.fim_curve RUN_DIR [--out PNG]` reads the run's `loss.csv` (`canvas.training.fim_train`)
 and plots its evaluation rows; the train losses (window means) are drawn faintly behind. The plain loss's base value
 (step 0) is marked with the 2% perplexity bound the fine-tune must stay under; where the log has it, the held-out
-plain KL from the base (the drift) is drawn on a right-hand axis. Needs matplotlib (the `dev` extra).
+plain KL from the anchor's teacher (the base: the drift; Gemma 3: what is left to learn back) is drawn on a right-hand axis. Needs matplotlib (the `dev` extra).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def plot_curve(rows: list[dict[str, float]], out: Path, *, title: str = "FIM fin
     handles, labels = ax.get_legend_handles_labels()
     if kl:
         right = ax.twinx()
-        right.plot(*zip(*kl, strict=True), "^--", color="tab:red", ms=3, lw=0.8, label="held-out plain KL from base")
+        right.plot(*zip(*kl, strict=True), "^--", color="tab:red", ms=3, lw=0.8,
+                   label="held-out plain KL from the teacher")
         right.set_ylabel("KL (nats / token)")
         more = right.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
