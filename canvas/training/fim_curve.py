@@ -3,7 +3,8 @@
 `python -m canvas.training.fim_curve RUN_DIR [--out PNG]` reads the run's `loss.csv` (`canvas.training.fim_train`)
 and plots its evaluation rows; the train losses (window means) are drawn faintly behind. The plain loss's base value
 (step 0) is marked with the 2% perplexity bound the fine-tune must stay under; where the log has it, the held-out
-plain KL from the anchor's teacher (the base: the drift; Gemma 3: what is left to learn back) is drawn on a right-hand axis. Needs matplotlib (the `dev` extra).
+plain KL from the anchor's teacher (the base: the drift; Gemma 3: what is left to learn back) is drawn on a
+right-hand axis. Needs matplotlib (the `dev` extra).
 """
 
 from __future__ import annotations
