@@ -63,11 +63,12 @@ class GemmaTeacher:
     @torch.no_grad()
     def plain_log_probs(self, rows: Rows) -> Tensor:
         """Log-probabilities of the next token at every position whose target is PLAIN. (N_plain, V_trim)"""
-        plain = rows.kind[:, 1:] == PLAIN  # (B, T-1): target t+1 predicted at t
-        spans: list[tuple[int, int, int]] = []  # (row, start, end) of each piece with a plain target
+        # (B, T): position t predicts target t+1; the row's last position has no target inside the row
+        plain = F.pad(rows.kind[:, 1:] == PLAIN, (0, 1))
+        spans: list[tuple[int, int, int]] = []  # (row, start, end) of each piece with a plain target, in row order
         for b in range(rows.ids.shape[0]):
             seg = rows.segment[b]
-            for s in torch.unique(seg[1:][plain[b]]).tolist():
+            for s in torch.unique(seg[plain[b]]).tolist():  # ascending: pieces in the order they sit in the row
                 where = (seg == s).nonzero().flatten()
                 spans.append((b, int(where[0]), int(where[-1]) + 1))
         if not spans:
@@ -80,14 +81,7 @@ class GemmaTeacher:
             mask[i, : e - s] = 1
         device = self.head.device
         h = self.model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # (P, L, M)
-        picked = []  # gather in the row-major order of `plain`
-        order = sorted(range(len(spans)), key=lambda i: (spans[i][0], spans[i][1]))
-        for i in order:
-            b, s, e = spans[i]
-            sel = plain[b, s:e].clone()
-            if e == rows.ids.shape[1]:  # the last position has no target inside the row
-                sel = torch.cat([plain[b, s : e - 1], torch.zeros(1, dtype=torch.bool, device=plain.device)])
-            picked.append(h[i, : e - s][sel.to(device)])
+        picked = [h[i, : e - s][plain[b, s:e].to(device)] for i, (b, s, e) in enumerate(spans)]
         x = torch.cat(picked)  # (N_plain, M)
         logits = F.linear(x, self.head).float()  # (N_plain, V_trim)
         if self.softcap:
