@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from canvas.model.int8 import int8_weight_mm
+from canvas.model.int8 import int8_weight_mm, q8_mm
 
 if TYPE_CHECKING:
     from canvas.model.cache import KVCache
@@ -68,7 +68,9 @@ def _norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 def _mm(x: Tensor, lin: Lin) -> Tensor:
     """x (B, K) @ the projection: its int8 weights when given, else the fp32 (model dtype) ones."""
     w, q, s, pad = lin
-    return F.linear(x, w) if q is None or s is None else int8_weight_mm(x, q, s, pad)
+    if q is None or s is None:
+        return F.linear(x, w)
+    return q8_mm(x, q, s) if q.dtype == torch.uint8 else int8_weight_mm(x, q, s, pad)
 
 
 def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Tensor, sin: Tensor, *,
@@ -214,7 +216,7 @@ def decode_layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KV
     by sliding-ness: the keys' padding (B, 1, 1, S) bool or None. Returns the last hidden states (B, M).
     `halves`: (pre, post) to run; by default the compiled ones where `model.decode_compile` has them ready."""
     compiler = model.decode_compile
-    if halves is None and compiler is not None and not (quant and model.decode_int8 == "dynamic"):
+    if halves is None and compiler is not None and not (quant and model.decode_int8 in ("dynamic", "q8")):
         halves = compiler.ready_or_start(model)
         if compiler.ready:
             with torch.compiler.set_stance(compiler.stance):

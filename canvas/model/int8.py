@@ -37,11 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels import q8_gemm
+
 if TYPE_CHECKING:
     from canvas.model.model import DiffusionModel
 
-Scheme = Literal["dynamic", "weight"]
-SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight")
+Scheme = Literal["dynamic", "weight", "q8"]
+SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight", "q8")
 ENV_VAR = "DCANVAS_DECODE_INT8"
 # Passes of at most this many rows use the int8 weights: AR steps of a few sequences, not prefill or a canvas.
 DECODE_ROWS = 16
@@ -63,7 +65,12 @@ class Int8Linear:
         amax = w.abs().amax(dim=1)  # (N,)
         scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
         self._packed: Any = None
-        if scheme == "dynamic":
+        if scheme == "q8" and self.in_features % q8_gemm.QK:  # the Q8 kernel's blocks: such a weight stays "weight"
+            scheme = self.scheme = "weight"
+        if scheme == "q8":
+            self._q, self._scale = q8_gemm.quantize_weight(w)  # (N, Kp) uint8 (q + 128), (N,) fp32
+            self._pad = 0
+        elif scheme == "dynamic":
             with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
                 warnings.simplefilter("ignore", UserWarning)
                 qw = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
@@ -80,12 +87,15 @@ class Int8Linear:
         flat = x.reshape(-1, self.in_features)  # (R, K)
         if self.scheme == "dynamic":
             out = torch.ops.quantized.linear_dynamic(flat.contiguous(), self._packed, True)  # reduce_range
+        elif self.scheme == "q8":
+            out = q8_mm(flat, self._q, self._scale)
         else:
             out = int8_weight_mm(flat, self._q, self._scale, self._pad)
         return out.view(*lead, self.out_features)
 
     def weight_tensors(self) -> tuple[Tensor, Tensor, int] | None:
-        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; None
+        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; under
+        "q8" (uint8 weight (N, Kp), fp32 scales (N,), 0), for `q8_mm` (the weight's dtype tells them apart); None
         under "dynamic" (its packed weight is an opaque object)."""
         return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad)
 
@@ -100,6 +110,21 @@ def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
     return torch.ops.aten._weight_int8pack_mm(xb, q, scale).float()
 
 
+_Q8_FN: list[Any] = []  # the built kernel's entry point (or None), looked up once per process
+
+
+def q8_mm(x: Tensor, wq: Tensor, wscale: Tensor) -> Tensor:
+    """x (R, K) fp32 @ the "q8" scheme's weight (`kernels.q8_gemm.quantize_weight`'s layout) -> (R, N) fp32:
+    the C++ kernel where it built, else its torch reference (`q8_linear` warns once)."""
+    if not _Q8_FN:
+        _Q8_FN.append(q8_gemm.kernel())
+    fn = _Q8_FN[0]
+    if fn is None:
+        return q8_gemm.q8_linear(x, wq, wscale)
+    out: Tensor = fn(x.contiguous(), wq, wscale)
+    return out
+
+
 def decode_scheme(choice: str | None = None) -> Scheme | None:
     """The int8 scheme an explicit setting names: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "",
     "off" or unset: none). What a model gets by default is `scheme_for`'s rule."""
@@ -108,7 +133,7 @@ def decode_scheme(choice: str | None = None) -> Scheme | None:
         return None
     if raw not in SCHEMES:
         raise ValueError(f"{ENV_VAR} must be one of {('auto', 'off', *SCHEMES)}, got {raw!r}")
-    return "dynamic" if raw == "dynamic" else "weight"
+    return "dynamic" if raw == "dynamic" else "q8" if raw == "q8" else "weight"
 
 
 # "auto" (the default) gives int8 "weight" decode weights to fp32 models of at least this many parameters: there
@@ -147,3 +172,20 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
         model.head_int8 = None if scheme is None else Int8Linear(model.embed, scheme)
     model.decode_int8 = scheme
     return model
+
+
+DecodeCopies = tuple[list[tuple[Any, ...]], Any, Any]
+
+
+def decode_copies(model: DiffusionModel) -> DecodeCopies:
+    """The int8 copies `quantize_decode` attached (and the scheme), to put back later with `restore_decode`: a
+    benchmark keeps two schemes' copies and swaps them between runs instead of quantising again."""
+    layers = [(b.attn.qkv_int8, b.attn.o_proj_int8, b.mlp_gate_up_int8, b.mlp_down_int8) for b in model.blocks]
+    return layers, model.head_int8, model.decode_int8
+
+
+def restore_decode(model: DiffusionModel, copies: DecodeCopies) -> None:
+    """Put back what `decode_copies` took (same model)."""
+    layers, model.head_int8, model.decode_int8 = copies
+    for b, (qkv, o, gu, down) in zip(model.blocks, layers, strict=True):
+        b.attn.qkv_int8, b.attn.o_proj_int8, b.mlp_gate_up_int8, b.mlp_down_int8 = qkv, o, gu, down
