@@ -19,6 +19,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <string>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -178,7 +180,7 @@ void n_tile(const uint8_t* w, const QuantX& qx, const float* xs, int64_t stride_
 
 }  // namespace
 
-std::string isa() {
+std::string q8_isa() {
 #if Q8_AVX512_VNNI
   return "avx512_vnni";
 #elif Q8_AVX2
@@ -232,9 +234,4 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q8_gemm", &q8_gemm, "x (M, K) fp32 @ (Q8 weight (N, Kp) uint8, scale (N,)).T -> (M, N) fp32");
-  m.def("isa", &isa, "the instruction set this build's inner loop uses");
 }

@@ -2,9 +2,8 @@
 
 Owns `quantize_weight` (an fp32 (N, K) weight -> the kernel's uint8 layout and per-channel scales), `q8_linear`
 (public, `impl="auto"|"cpp"|"ref"`), its torch reference `q8_linear_ref`, the validating launcher `q8_linear_cpp`,
-and the build of the C++ kernel beside this file (`q8_gemm.cpp`): compiled once per machine and instruction set
-with `torch.utils.cpp_extension.load` (-O3 and the ISA flags read from /proc/cpuinfo, never -march=native), cached
-under ~/.cache/dcanvas/kernels. `available()` says whether it built; "auto" falls back to the reference with one
+and the C++ kernel beside this file (`q8_gemm.cpp`; built once per machine and instruction set by
+`kernels._cpp`, cached under ~/.cache/dcanvas/kernels). `available()` says whether it built; "auto" falls back to the reference with one
 warning when it did not (no compiler, a failed build), so nothing breaks on a machine without g++.
 
 Why: a decode step multiplies a few rows by every weight. torch's weight-only int8 kernel reads them at a third of
@@ -27,100 +26,35 @@ Legend: M activation rows, K reduced dim, Kp padded K, N output channels.
 
 from __future__ import annotations
 
-import functools
-import os
 import warnings
-from pathlib import Path
 from collections.abc import Callable
-from types import ModuleType
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp", "q8_linear_ref",
+from kernels._cpp import ISA_ENV, build_error, build_isa, extension
+
+__all__ = ["ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp", "q8_linear_ref",
            "quantize_activations_ref", "quantize_weight"]
 
 Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
 QK = 32  # activation block along K
 _CHUNK = 64  # the kernel reads K in 64-byte registers: weights are padded to a multiple of this
-_SOURCE = Path(__file__).with_name("q8_gemm.cpp")
-ISA_ENV = "DCANVAS_Q8_ISA"  # force "avx512_vnni", "avx2" or "scalar" (tests build each path the CPU can run)
-
-# Compiler flags per instruction-set path, and the /proc/cpuinfo flags each needs.
-_ISA_FLAGS: dict[str, tuple[list[str], set[str]]] = {
-    "avx512_vnni": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma"],
-                    {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"}),
-    "avx2": (["-mavx2", "-mfma"], {"avx2", "fma"}),
-    "scalar": ([], set()),
-}
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def build_isa() -> str:
-    """The instruction-set path this machine builds: `DCANVAS_Q8_ISA` if set (must be one the CPU runs), else the
-    widest of avx512_vnni, avx2, scalar that /proc/cpuinfo lists."""
-    flags = _cpu_flags()
-    forced = os.environ.get(ISA_ENV, "").strip().lower()
-    if forced:
-        if forced not in _ISA_FLAGS:
-            raise ValueError(f"{ISA_ENV} must be one of {tuple(_ISA_FLAGS)}, got {forced!r}")
-        missing = _ISA_FLAGS[forced][1] - flags
-        if missing:
-            raise ValueError(f"{ISA_ENV}={forced} needs CPU flags this machine lacks: {sorted(missing)}")
-        return forced
-    return next(isa for isa, (_, need) in _ISA_FLAGS.items() if need <= flags)
-
-
-_MODULES: dict[str, ModuleType | None] = {}
-_ERRORS: dict[str, str] = {}
 _WARNED = False
-
-
-def _load(isa: str) -> ModuleType | None:
-    """Build (once per machine; later processes load the cached .so) and import the kernel for `isa`."""
-    if isa in _MODULES:
-        return _MODULES[isa]
-    mod: ModuleType | None = None
-    try:
-        from torch.utils import cpp_extension
-
-        name = f"dcanvas_q8_gemm_{isa}"
-        build = Path(os.environ.get("DCANVAS_KERNEL_CACHE", Path.home() / ".cache" / "dcanvas" / "kernels")) / name
-        build.mkdir(parents=True, exist_ok=True)
-        # -fopenmp: at::parallel_for is OpenMP in torch's CPU wheels; the .so links libgomp.so.1, which resolves
-        # to the copy torch already loaded, so there is one thread pool.
-        mod = cpp_extension.load(name=name, sources=[str(_SOURCE)], build_directory=str(build),
-                                 extra_cflags=["-O3", "-fopenmp", *_ISA_FLAGS[isa][0]], extra_ldflags=["-fopenmp"],
-                                 verbose=False)
-    except Exception as e:  # noqa: BLE001 - any build failure means "not available", reported once by "auto"
-        _ERRORS[isa] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-    _MODULES[isa] = mod
-    return mod
 
 
 def available() -> bool:
     """Whether the C++ kernel builds and loads on this machine (builds it on the first call)."""
-    return _load(build_isa()) is not None
+    return extension() is not None
 
 
 def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The built kernel's raw entry point `q8_gemm(x, wq, wscale)` (None where it did not build), for hot loops
     that validated their weights once (`canvas.model.int8`): it checks dtypes and shapes itself (RuntimeError),
     but x must be (M, K) fp32 and contiguous."""
-    mod = _load(build_isa())
+    mod = extension()
     return None if mod is None else mod.q8_gemm
 
 
@@ -182,9 +116,9 @@ def q8_linear_cpp(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> to
     """Validating launcher of the C++ kernel (contract in the module docstring); raises RuntimeError when the
     kernel could not be built here."""
     _check(x, wq, wscale)
-    mod = _load(build_isa())
+    mod = extension()
     if mod is None:
-        raise RuntimeError(f"the q8 C++ kernel is unavailable here: {_ERRORS.get(build_isa(), 'unknown')}")
+        raise RuntimeError(f"the q8 C++ kernel is unavailable here: {build_error() or 'unknown'}")
     out: torch.Tensor = mod.q8_gemm(x.contiguous(), wq.contiguous(), wscale.contiguous())
     return out
 
@@ -206,7 +140,7 @@ def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Imp
             impl = "ref"
             if not _WARNED:
                 _WARNED = True
-                warnings.warn(f"q8 C++ kernel unavailable ({_ERRORS.get(build_isa())}); using the torch reference",
+                warnings.warn(f"q8 C++ kernel unavailable ({build_error()}); using the torch reference",
                               RuntimeWarning, stacklevel=2)
     if impl == "ref":
         _check(flat, wq, wscale)

@@ -158,7 +158,7 @@ def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | Non
 
 def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionModel:
     """Attach int8 copies of every layer's q/k/v, output, dense gate/up and down projections and of the LM head to
-    `model` (in place, returned), or drop them (`scheme` None). The attention output is weight-only under either
+    `model` (in place, returned), or drop them (`scheme` None). The attention output is weight-only under the "dynamic"
     scheme (see the module docstring). The routed experts stay as they are: one small expert a token, a few percent
     of a step's bytes."""
     if scheme is not None and model.dtype != torch.float32:
@@ -166,7 +166,10 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
     with torch.no_grad():
         for layer in model.blocks:
             layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
-            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, "weight")
+            # The attention output's outliers defeat fbgemm's per-tensor activation scale ("dynamic" keeps it
+            # weight-only); q8's per-block scales hold them.
+            o_scheme: Scheme = "q8" if scheme == "q8" else "weight"
+            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, o_scheme)
             layer.mlp_gate_up_int8 = None if scheme is None else Int8Linear(layer.mlp_gate_up, scheme)
             layer.mlp_down_int8 = None if scheme is None else Int8Linear(layer.mlp_down, scheme)
         model.head_int8 = None if scheme is None else Int8Linear(model.embed, scheme)

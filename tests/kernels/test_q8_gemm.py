@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import q8_gemm
+from kernels import _cpp, q8_gemm
 from kernels.q8_gemm import q8_linear, q8_linear_ref, quantize_activations_ref, quantize_weight
 
 needs_kernel = pytest.mark.skipif(not q8_gemm.available(), reason="the q8 C++ kernel does not build here")
@@ -135,9 +135,9 @@ def test_bad_inputs_raise(gen: torch.Generator) -> None:
 
 def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
     """Where the kernel cannot be built (no compiler), "auto" runs the reference and warns once."""
-    isa = q8_gemm.build_isa()
-    monkeypatch.setitem(q8_gemm._MODULES, isa, None)
-    monkeypatch.setitem(q8_gemm._ERRORS, isa, "RuntimeError: no compiler (simulated)")
+    isa = _cpp.build_isa()
+    monkeypatch.setitem(_cpp._MODULES, isa, None)
+    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
     monkeypatch.setattr(q8_gemm, "_WARNED", False)
     x, w = _inputs(2, 64, 3, gen)
     wq, ws = quantize_weight(w)
