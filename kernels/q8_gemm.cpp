@@ -7,8 +7,10 @@
 //
 // Why the weights carry the +128 offset and not the activations: the VNNI dot product (`vpdpbusd`) multiplies
 // unsigned bytes by signed bytes. With u = w + 128 unsigned, sum_k u*x = sum_k w*x + 128 * sum_k x, and the
-// correction 128 * sum_b d_x[b] * sum_{k in b} x_q[k] depends on the row alone (one float a row), so the inner loop
-// is just dot, convert, fused multiply-add by the block scales.
+// correction depends on the activations alone: each int32 lane (4 bytes of K) starts from -128 * the sum of its 4
+// activation bytes (`bias`, computed once per call), so after `vpdpbusd` it holds sum w*x exactly and the inner loop
+// is dot, convert, fused multiply-add by the block scales. (The AVX2 and scalar paths widen w to int16 / int32 and
+// subtract 128 there.) An all-zero weight row gives exactly 0.
 //
 // Numerics: exact int32 dot products per block of 32, fp32 accumulation of the scaled block results (then one
 // multiply by the channel scale). Loop orders differ between ISA paths, so results agree to fp32 rounding.
@@ -40,39 +42,37 @@ namespace {
 constexpr int64_t QK = 32;     // activation block along K
 constexpr int64_t CHUNK = 64;  // bytes of K a 512-bit register holds: two blocks
 
-// The activations of one call, quantised: q (M, Kp) int8, d (M, Kp / QK) block scales, corr (M,) the +128 term.
+// The activations of one call, quantised: q (M, Kp) int8, d (M, Kp / QK) block scales, bias (M, Kp / 4) int32
+// = -128 * the sum of each 4 bytes of q (the +128 weight offset's correction, see above).
 struct QuantX {
   std::vector<int8_t> q;
   std::vector<float> d;
-  std::vector<float> corr;
+  std::vector<int32_t> bias;
 };
 
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, QuantX& out) {
   const int64_t nb = Kp / QK;
   out.q.assign(M * Kp, 0);
   out.d.assign(M * nb, 0.f);
-  out.corr.assign(M, 0.f);
+  out.bias.assign(M * Kp / 4, 0);
   auto body = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* row = x + m * K;
       int8_t* qrow = out.q.data() + m * Kp;
-      float corr = 0.f;
+      int32_t* brow = out.bias.data() + m * (Kp / 4);
       for (int64_t b = 0; b < K / QK; ++b) {
         const float* xb = row + b * QK;
         float amax = 0.f;
         for (int64_t i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xb[i]));
         const float d = amax / 127.f;
         const float inv = d > 0.f ? 1.f / d : 0.f;
-        int32_t s = 0;
         for (int64_t i = 0; i < QK; ++i) {
           const int32_t v = static_cast<int32_t>(std::nearbyint(xb[i] * inv));  // |v| <= 127 by construction
           qrow[b * QK + i] = static_cast<int8_t>(v);
-          s += v;
+          brow[(b * QK + i) / 4] -= 128 * v;
         }
         out.d[m * nb + b] = d;
-        corr += d * static_cast<float>(s);
       }
-      out.corr[m] = 128.f * corr;  // padding blocks (b >= K / QK) are zero and add nothing
     }
   };
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), body);
@@ -81,21 +81,21 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, QuantX& out
 #if Q8_AVX512_VNNI
 // Rows of x in tiles of MT, weight rows in tiles of NT; MT * NT zmm accumulators (at most 16 of the 32 registers).
 template <int MT, int NT>
-inline void tile(const uint8_t* w, const int8_t* xq, const float* xs, int64_t Kp, int64_t ldw, int64_t ldx,
-                 float out[MT][NT]) {
+inline void tile(const uint8_t* w, const int8_t* xq, const float* xs, const int32_t* xb, int64_t Kp, int64_t ldw,
+                 int64_t ldx, float out[MT][NT]) {
   const int64_t nc = Kp / CHUNK;
   __m512 acc[MT][NT];
   for (int i = 0; i < MT; ++i)
     for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
-  const __m512i zero = _mm512_setzero_si512();
   for (int64_t c = 0; c < nc; ++c) {
     __m512i wv[NT];
     for (int t = 0; t < NT; ++t) wv[t] = _mm512_loadu_si512(w + t * ldw + c * CHUNK);
     for (int i = 0; i < MT; ++i) {
       const __m512i xv = _mm512_loadu_si512(xq + i * ldx + c * CHUNK);
+      const __m512i bv = _mm512_loadu_si512(xb + (i * ldx + c * CHUNK) / 4);  // -128 * x, 4 bytes a lane
       const __m512 sv = _mm512_loadu_ps(xs + (i * nc + c) * 16);  // 8 lanes of block 2c's scale, 8 of 2c + 1's
       for (int t = 0; t < NT; ++t)
-        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wv[t], xv)), sv, acc[i][t]);
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bv, wv[t], xv)), sv, acc[i][t]);
     }
   }
   for (int i = 0; i < MT; ++i)
@@ -103,11 +103,12 @@ inline void tile(const uint8_t* w, const int8_t* xq, const float* xs, int64_t Kp
 }
 #elif Q8_AVX2
 // AVX2 has no unsigned x signed byte dot without int16 saturation (`maddubs` saturates at 255 * 127 * 2), so the
-// bytes widen to int16 and `madd_epi16` sums pairs into int32 (exact).
+// bytes widen to int16 (w less its offset) and `madd_epi16` sums pairs into int32 (exact).
 template <int MT, int NT>
-inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, int64_t Kp, int64_t ldw, int64_t ldx,
-                 float out[MT][NT]) {
+inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, const int32_t*, int64_t Kp, int64_t ldw,
+                 int64_t ldx, float out[MT][NT]) {
   const int64_t nb = Kp / QK;
+  const __m256i off = _mm256_set1_epi16(128);
   __m256 acc[MT][NT];
   for (int i = 0; i < MT; ++i)
     for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_setzero_ps();
@@ -115,8 +116,8 @@ inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, int64_t Kp
     __m256i wlo[NT], whi[NT];
     for (int t = 0; t < NT; ++t) {
       const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t * ldw + b * QK));
-      wlo[t] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(wb));
-      whi[t] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(wb, 1));
+      wlo[t] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(wb)), off);
+      whi[t] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(wb, 1)), off);
     }
     for (int i = 0; i < MT; ++i) {
       const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * ldx + b * QK));
@@ -139,8 +140,8 @@ inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, int64_t Kp
 #else
 // Portable fallback: the same arithmetic, scalar.
 template <int MT, int NT>
-inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, int64_t Kp, int64_t ldw, int64_t ldx,
-                 float out[MT][NT]) {
+inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, const int32_t*, int64_t Kp, int64_t ldw,
+                 int64_t ldx, float out[MT][NT]) {
   const int64_t nb = Kp / QK;
   for (int i = 0; i < MT; ++i)
     for (int t = 0; t < NT; ++t) {
@@ -148,7 +149,7 @@ inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, int64_t Kp
       for (int64_t b = 0; b < nb; ++b) {
         int32_t s = 0;
         for (int64_t k = b * QK; k < (b + 1) * QK; ++k)
-          s += static_cast<int32_t>(w[t * ldw + k]) * static_cast<int32_t>(xq[i * ldx + k]);
+          s += (static_cast<int32_t>(w[t * ldw + k]) - 128) * static_cast<int32_t>(xq[i * ldx + k]);
         acc += static_cast<float>(s) * xd[i * nb + b];
       }
       out[i][t] = acc;
@@ -166,15 +167,16 @@ void n_tile(const uint8_t* w, const QuantX& qx, const float* xs, int64_t stride_
     const int64_t mt = std::min<int64_t>(MT_MAX, M - m);
     float r[MT_MAX][NT];
     const int8_t* xq = qx.q.data() + m * Kp;
+    const int32_t* xb = qx.bias.data() + m * (Kp / 4);
     const float* s = xs + m * stride_s;
     switch (mt) {
-      case 4: tile<4, NT>(w, xq, s, Kp, Kp, Kp, reinterpret_cast<float(*)[NT]>(r)); break;
-      case 3: tile<3, NT>(w, xq, s, Kp, Kp, Kp, reinterpret_cast<float(*)[NT]>(r)); break;
-      case 2: tile<2, NT>(w, xq, s, Kp, Kp, Kp, reinterpret_cast<float(*)[NT]>(r)); break;
-      default: tile<1, NT>(w, xq, s, Kp, Kp, Kp, reinterpret_cast<float(*)[NT]>(r)); break;
+      case 4: tile<4, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
+      case 3: tile<3, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
+      case 2: tile<2, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
+      default: tile<1, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
     }
     for (int64_t i = 0; i < mt; ++i)
-      for (int t = 0; t < NT; ++t) out[(m + i) * N + n + t] = wscale[n + t] * (r[i][t] - qx.corr[m + i]);
+      for (int t = 0; t < NT; ++t) out[(m + i) * N + n + t] = wscale[n + t] * r[i][t];
   }
 }
 

@@ -2,9 +2,9 @@
 
 Owns `quantize_weight` (an fp32 (N, K) weight -> the kernel's uint8 layout and per-channel scales), `q8_linear`
 (public, `impl="auto"|"cpp"|"ref"`), its torch reference `q8_linear_ref`, the validating launcher `q8_linear_cpp`,
-and the C++ kernel beside this file (`q8_gemm.cpp`; built once per machine and instruction set by
-`kernels._cpp`, cached under ~/.cache/dcanvas/kernels). `available()` says whether it built; "auto" falls back to the reference with one
-warning when it did not (no compiler, a failed build), so nothing breaks on a machine without g++.
+and the C++ kernel beside this file (`q8_gemm.cpp`; built once per machine and instruction set by `kernels._cpp`,
+cached under ~/.cache/dcanvas/kernels). `available()` says whether it built; "auto" falls back to the reference
+with one warning when it did not (no compiler, a failed build), so nothing breaks on a machine without g++.
 
 Why: a decode step multiplies a few rows by every weight. torch's weight-only int8 kernel reads them at a third of
 this CPU's bandwidth and costs nearly K times its one-row time at K rows; fbgemm's dynamic int8 is fast but takes one

@@ -1,7 +1,8 @@
 """`dcanvas bench ar`: the AR pathway's speed (the encoder's one-token step), optionally beside llama.cpp.
 
     dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--int8 off|weight|dynamic|q8] [--batch 8]
-                     [--compile off|on|both] [--vs-general] [--vs-int8 off|weight|dynamic|q8] [--prompt 256] [--tokens 32] [--runs 5] [--threads N]
+                     [--compile off|on|both] [--vs-general] [--vs-int8 off|weight|dynamic|q8] [--prompt 256]
+                     [--tokens 32] [--runs 5] [--threads N]
                      [--against-llama LLAMA_BENCH [--gguf FILE]]
 
 Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`: `canvas.model.cpu`'s rule):
