@@ -145,8 +145,8 @@ def decode_scheme(choice: str | None = None) -> Scheme | None:
 
 # "auto" (the default) gives int8 decode weights ("q8", else "weight") to fp32 models of at least this many
 # parameters: there the int8 step is the faster one and its fidelity was measured (probe NLL per character within
-# 0.5 % of fp32 on the converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m, the test presets) keep
-# exact fp32, as `canvas.model.cpu` keeps them out of bf16.
+# 0.5 % of fp32 on the converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m,
+# the test presets) keep exact fp32, as `canvas.model.cpu` keeps them out of bf16.
 AUTO_MIN_PARAMS = 50_000_000
 
 
