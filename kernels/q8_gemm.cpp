@@ -3,7 +3,8 @@
 //
 // Owned by kernels/q8_gemm.py (the torch reference, the validating launcher and the build). Contract, checked there
 // and again here: x (M, K) fp32 contiguous; wq (N, Kp) uint8 contiguous holding w + 128 (w in [-127, 127]),
-// Kp = K rounded up to a multiple of 64 and the padding columns 128 (w = 0); wscale (N,) fp32. K % 32 == 0.
+// Kp = K rounded up to a multiple of 64 and the padding columns 128 (w = 0); wscale (N,) fp32. Any K: x is read as
+// zero-padded to Kp (the last block of 32 quantised over its real elements).
 //
 // Why the weights carry the +128 offset and not the activations: the VNNI dot product (`vpdpbusd`) multiplies
 // unsigned bytes by signed bytes. With u = w + 128 unsigned, sum_k u*x = sum_k w*x + 128 * sum_k x, and the
@@ -60,13 +61,14 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, QuantX& out
       const float* row = x + m * K;
       int8_t* qrow = out.q.data() + m * Kp;
       int32_t* brow = out.bias.data() + m * (Kp / 4);
-      for (int64_t b = 0; b < K / QK; ++b) {
+      for (int64_t b = 0; b * QK < K; ++b) {
         const float* xb = row + b * QK;
+        const int64_t n = std::min<int64_t>(QK, K - b * QK);  // a last partial block reads as zero-padded
         float amax = 0.f;
-        for (int64_t i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xb[i]));
         const float d = amax / 127.f;
         const float inv = d > 0.f ? 1.f / d : 0.f;
-        for (int64_t i = 0; i < QK; ++i) {
+        for (int64_t i = 0; i < n; ++i) {
           const int32_t v = static_cast<int32_t>(std::nearbyint(xb[i] * inv));  // |v| <= 127 by construction
           qrow[b * QK + i] = static_cast<int8_t>(v);
           brow[(b * QK + i) / 4] -= 128 * v;
@@ -200,7 +202,6 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
   TORCH_CHECK(wscale.dim() == 1 && wscale.scalar_type() == torch::kFloat32 && wscale.is_contiguous() &&
                   wscale.size(0) == wq.size(0), "q8_gemm: wscale must be a contiguous fp32 (N,) tensor");
   const int64_t M = x.size(0), K = x.size(1), N = wq.size(0), Kp = wq.size(1);
-  TORCH_CHECK(K % QK == 0, "q8_gemm: K must be a multiple of 32, got ", K);
   TORCH_CHECK(Kp % CHUNK == 0 && Kp >= K && Kp - K < CHUNK, "q8_gemm: wq's width must be K rounded up to 64");
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;

@@ -19,7 +19,9 @@ in [-127, 127] per output channel. The kernel's block dot products are exact; it
 from the reference's, so the two agree to fp32 rounding, not bit for bit.
 
 Layout (what `quantize_weight` returns): wq (N, Kp) uint8 = q + 128, Kp = K rounded up to 64 (the padding columns
-are 128, i.e. q = 0), wscale (N,) fp32. K must be a multiple of 32.
+are 128, i.e. q = 0), wscale (N,) fp32. Any K: the activations are read as zero-padded to Kp (so a K that is not a
+multiple of 32 ends in a shorter block: the converted Gemma's attention output has K = 4 x 258). The width only
+bounds K (any K in (Kp - 64, Kp] fits it): the caller passes the K the weight was built with (`Int8Linear` does).
 
 Legend: M activation rows, K reduced dim, Kp padded K, N output channels.
 """
@@ -61,11 +63,9 @@ def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tenso
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) fp32 -> (wq (N, Kp) uint8 = q + 128, padded with 128 to a multiple of 64; wscale (N,) fp32):
     symmetric per output channel, q = round(w / scale) in [-127, 127]; an all-zero row keeps scale 1."""
-    if w.dim() != 2 or w.dtype != torch.float32:
-        raise ValueError(f"quantize_weight takes a 2-D fp32 weight, got {tuple(w.shape)} {w.dtype}")
+    if w.dim() != 2 or w.dtype != torch.float32 or w.shape[1] == 0:
+        raise ValueError(f"quantize_weight takes a 2-D fp32 weight with K > 0, got {tuple(w.shape)} {w.dtype}")
     N, K = w.shape
-    if K % QK:
-        raise ValueError(f"the reduced dim must be a multiple of {QK}, got {K}")
     w = w.detach()
     amax = w.abs().amax(dim=1)  # (N,)
     scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
@@ -76,12 +76,13 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K) fp32 -> (q (M, K) int8 values as fp32, d (M, K / 32) block scales): the kernel's rounding."""
+    """x (M, K) fp32 -> (q (M, K32) int8 values as fp32, d (M, K32 / 32) block scales): the kernel's rounding,
+    x zero-padded to K32, K rounded up to 32."""
     M, K = x.shape
-    xb = x.view(M, K // QK, QK)
-    d = xb.abs().amax(dim=-1) / 127  # (M, K / 32)
+    xb = F.pad(x, (0, -K % QK)).view(M, -1, QK)  # (M, K32 / 32, 32)
+    d = xb.abs().amax(dim=-1) / 127  # (M, K32 / 32)
     inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    return (xb * inv[..., None]).round_().view(M, K), d
+    return (xb * inv[..., None]).round_().view(M, -1), d
 
 
 def q8_linear_ref(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
@@ -90,8 +91,8 @@ def q8_linear_ref(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> to
     Bytes: read M*K*4 + N*Kp + N*4, write M*N*4. FLOPs: 2*M*N*K (plus the dequantisation, O(M*K + N*K)).
     """
     M, K = x.shape
-    q, d = quantize_activations_ref(x.float())
-    xd = (q.view(M, K // QK, QK) * d[..., None]).view(M, K)  # (M, K) dequantised activations
+    q, d = quantize_activations_ref(x.float())  # (M, K32), (M, K32 / 32)
+    xd = (q.view(M, -1, QK) * d[..., None]).view(M, -1)[:, :K]  # (M, K) dequantised activations
     w = (wq[:, :K].float() - 128) * wscale[:, None]  # (N, K)
     return xd @ w.t()
 
@@ -104,8 +105,8 @@ def _check(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> None:
     if wscale.shape != (wq.shape[0],) or wscale.dtype != torch.float32:
         raise ValueError(f"wscale must be ({wq.shape[0]},) fp32, got {tuple(wscale.shape)} {wscale.dtype}")
     K = x.shape[1]
-    if K % QK:
-        raise ValueError(f"K must be a multiple of {QK} (pad the weight and the activations), got {K}")
+    if K == 0:
+        raise ValueError("K must be > 0")
     if wq.shape[1] != K + (-K % _CHUNK):
         raise ValueError(f"wq is {wq.shape[1]} wide; K={K} needs {K + (-K % _CHUNK)} (quantize_weight's padding)")
     if any(t.device.type != "cpu" for t in (x, wq, wscale)):

@@ -18,8 +18,7 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
   quantised at run time to int8 per block of 32 along K (llama.cpp's Q8_0 for activations: an outlier coarsens only
   its block), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection including the
   attention output; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight
-  (it reads each weight tile once for all rows), as close to fp32 (BENCHMARKS.md, issue 31). A weight whose
-  reduced dim is not a multiple of 32 keeps "weight".
+  (it reads each weight tile once for all rows), as close to fp32 (BENCHMARKS.md, issue 31).
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
   and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
@@ -72,8 +71,6 @@ class Int8Linear:
         amax = w.abs().amax(dim=1)  # (N,)
         scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
         self._packed: Any = None
-        if scheme == "q8" and self.in_features % q8_gemm.QK:  # the Q8 kernel's blocks: such a weight stays "weight"
-            scheme = self.scheme = "weight"
         if scheme == "q8":
             self._q, self._scale = q8_gemm.quantize_weight(w)  # (N, Kp) uint8 (q + 128), (N,) fp32
             self._pad = 0
