@@ -76,11 +76,13 @@ def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None 
                       None if residual is None else residual.reshape(-1, D).contiguous(), scale).view(x.shape)
     if x.dtype == torch.float32:
         y = F.rms_norm(x, (x.shape[-1],), weight if weight is None or weight.dim() == 1 else None, eps)
+        if weight is not None and weight.dim() > 1:  # stacked per-head weights (H + G, D)
+            y = y * weight
+    elif weight is not None and weight.dim() > 1:  # in fp32, rounded once, as before the fused kernel
+        y = (F.rms_norm(x.float(), (x.shape[-1],), None, eps) * weight.float()).to(x.dtype)
     else:
-        w = None if weight is None or weight.dim() != 1 else weight.float()
+        w = None if weight is None else weight.float()
         y = F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
-    if weight is not None and weight.dim() > 1:  # stacked per-head weights (H + G, D)
-        y = (y.float() * weight.float()).to(x.dtype)
     if residual is not None:
         y = residual + y
     return y if scale is None else y * scale
@@ -124,7 +126,9 @@ def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin,
     dense = _mm(F.gelu(gate, approximate="tanh") * up, down)
     # Routing as `Block.route`: top-k of the softmax, renormalised, times the per-expert scale.
     router_proj, router_scale, expert_scale = router
-    probs = torch.softmax(F.linear(_norm(h, router_scale, eps) * (M**-0.5), router_proj), dim=-1,
+    # fp32: the scale inside the fused norm (the same products); other dtypes: rounded as `Block.route` rounds them.
+    routed_in = (_norm(h, router_scale, eps) if h.dtype == torch.float32 else _norm(h, None, eps) * router_scale)
+    probs = torch.softmax(F.linear(routed_in * (M**-0.5), router_proj), dim=-1,
                           dtype=torch.float32)  # (B, E)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True) * expert_scale[ids]
