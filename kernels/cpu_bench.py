@@ -46,6 +46,13 @@ def _interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list
     return times
 
 
+def _fns(x: torch.Tensor, w: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, xb: torch.Tensor, w8: torch.Tensor,
+         s8: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    return {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
+            "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
+            "fp32": lambda: F.linear(x, w)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
@@ -73,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             err = float((q8_linear(x, wq, ws, impl="cpp") - ref).abs().max()) / max(1e-9, float(ref.abs().max()))
             ok &= err < 1e-4
             xb = F.pad(x.bfloat16(), (0, pad))
-            t = _interleaved({"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
-                              "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
-                              "fp32": lambda: F.linear(x, w)}, args.reps)
+            t = _interleaved(_fns(x, w, wq, ws, xb, w8, s8), args.reps)
             best = {k: min(v) for k, v in t.items()}
             rows.append({"op": name, "N": N, "K": K, "M": M, "rel_err": err,
                          **{f"{k}_ms": statistics.median(v) for k, v in t.items()},

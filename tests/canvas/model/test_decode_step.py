@@ -167,11 +167,7 @@ def test_auto_gives_int8_decoding_to_large_fp32_models_only(monkeypatch: pytest.
     assert scheme_for(tiny, "weight") == "weight"
     with torch.device("meta"):  # the converted Gemma-3-270M's size, no memory
         big = DiffusionModel(ModelConfig.from_name("tiny").replace(vocab_size=98_304, hidden_size=640), init=False)
-    from kernels import q8_gemm
-
-    assert scheme_for(big) == ("q8" if q8_gemm.available() else "weight")
-    monkeypatch.setattr(q8_gemm, "available", lambda: False)  # no compiler: the weight-only scheme
-    assert scheme_for(big) == "weight"
+    assert scheme_for(big) == "weight"  # q8 is opt-in: over the probe bound (BENCHMARKS.md, issue 31)
     assert scheme_for(tiny, "q8") == "q8"
     monkeypatch.setenv(ENV_VAR, "off")
     assert scheme_for(big) is None
