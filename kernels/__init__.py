@@ -14,8 +14,7 @@ reference with one warning where they cannot be built):
 - `kernels.q8_gemm.q8_linear`: int8 weights per channel x activations quantised per block of 32 (AVX-512 VNNI);
 - `kernels.rmsnorm_cpu.rms_norm_fused`: RMSNorm with its residual add and layer scale in one call.
 `python -m kernels.bench` times them on CUDA, `python -m kernels.cpu_bench` the CPU ones. The kernels are
-forward-only: "auto" uses the references whenever an
-input requires grad.
+forward-only: "auto" uses the references whenever an input requires grad.
 
 The bottom layer: imports nothing of the project; `canvas.model` and `canvas.sampling` import it.
 
