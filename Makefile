@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test,dev,data]"
+	@# The CPU kernels (q8 decode, fused norms) compile once per machine here, not at the first `dcanvas serve`;
+	@# without a compiler this only reports it, and the server falls back to torch's ops.
+	-$(PY) -c "from kernels._cpp import build_error, build_isa, extension; m = extension(); print('dcanvas CPU kernels:', build_isa() if m else build_error())"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -9,8 +9,12 @@ Ops (one module each; `<op>_ref` is the torch reference, `<op>_triton` the valid
 - `kernels.sampler_step.sampler_step`: softcap, temperature, Gumbel-max sample, argmax and entropy in one pass;
 - `kernels.soft_embed.soft_embedding`: softmax(logits) @ embedding for self-conditioning, no (N, V) softmax;
 - `kernels.rmsnorm.rms_norm` / `rms_norm_add`: DiffusionGemmaRMSNorm, alone or fused with the residual add.
-`python -m kernels.bench` times them on CUDA. The kernels are forward-only: "auto" uses the references whenever an
-input requires grad.
+CPU kernels in C++ (`impl="auto"|"cpp"|"ref"`, built once per machine by `kernels._cpp`; "auto" falls back to the
+reference with one warning where they cannot be built):
+- `kernels.q8_gemm.q8_linear`: int8 weights per channel x activations quantised per block of 32 (AVX-512 VNNI);
+- `kernels.rmsnorm_cpu.rms_norm_fused`: RMSNorm with its residual add and layer scale in one call.
+`python -m kernels.bench` times them on CUDA, `python -m kernels.cpu_bench` the CPU ones. The kernels are
+forward-only: "auto" uses the references whenever an input requires grad.
 
 The bottom layer: imports nothing of the project; `canvas.model` and `canvas.sampling` import it.
 

@@ -1,7 +1,8 @@
 """`dcanvas bench ar`: the AR pathway's speed (the encoder's one-token step), optionally beside llama.cpp.
 
-    dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--int8 off|weight|dynamic] [--batch 8]
-                     [--compile off|on|both] [--vs-general] [--prompt 256] [--tokens 32] [--runs 5] [--threads N]
+    dcanvas bench ar [--model DIR | --preset bench-15m] [--dtype auto] [--int8 off|weight|dynamic|q8] [--batch 8]
+                     [--compile off|on|both] [--vs-general] [--vs-int8 off|weight|dynamic|q8] [--prompt 256]
+                     [--tokens 32] [--runs 5] [--threads N]
                      [--against-llama LLAMA_BENCH [--gguf FILE]]
 
 Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`: `canvas.model.cpu`'s rule):
@@ -19,7 +20,8 @@ top-1 agreement with fp32, the mean KL(fp32 || int8) and the ratio of the two pe
 Step variants (`canvas.model.decode`): `--compile on` steps through the `torch.compile`d layer halves (compiled
 before timing; the compile's wall time is reported), `off` eagerly, `both` measures the two interleaved run by run
 (the ratio is the figure to read on a shared machine) and reports the primary figures for the compiled one;
-`--vs-general` adds the general `run_layers` path (what a step ran before the few-op step) to the same rotation.
+`--vs-general` adds the general `run_layers` path (what a step ran before the few-op step) to the same rotation,
+`--vs-int8 SCHEME` the eager step with another int8 scheme's decode weights (quantised once, swapped per run).
 What limits the step: `decode_bytes` counts the bytes one batch-1 step must read (weights, int8 where used, one
 expert in K of each layer, every expert when compiled, the head; plus the KV cache after
 the prefix), `read_bandwidth` times a sum over a 256 MB tensor (best of 5, this process's threads): bytes over the
@@ -50,7 +52,7 @@ import torch.nn.functional as F
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
 from canvas.model.decode import DecodeCompiler, compile_setting
-from canvas.model.int8 import SCHEMES, Scheme, quantize_decode, scheme_for
+from canvas.model.int8 import SCHEMES, DecodeCopies, Scheme, decode_copies, quantize_decode, restore_decode, scheme_for
 from canvas.model.io import read_config
 
 SPLIT = ("layers", "attention", "head", "sampler", "python")
@@ -308,18 +310,25 @@ def _model(args: argparse.Namespace) -> DiffusionModel:
     return DiffusionModel(cfg).to(dtype).eval()
 
 
-def _step_variants(model: DiffusionModel, compile_: str, vs_general: bool) -> dict[str, Callable[[], object]]:
-    """name -> a function setting the model's decode step up that way; the primary (reported) variant last."""
+def _step_variants(model: DiffusionModel, compile_: str, vs_general: bool, vs_int8: str | None,
+                   copies: dict[str, DecodeCopies]) -> dict[str, Callable[[], object]]:
+    """name -> a function setting the model's decode step up that way; the primary (reported) variant last.
+    `copies`: the int8 copies each variant uses ("primary"; "alt" for the `vs_int8` variant), filled by the caller
+    before the first timing."""
     compiler = DecodeCompiler() if compile_ in ("on", "both") else None
 
-    def use(fast: bool, comp: DecodeCompiler | None) -> Callable[[], object]:
+    def use(fast: bool, comp: DecodeCompiler | None, which: str = "primary") -> Callable[[], object]:
         def setup() -> None:
             model.decode_fast, model.decode_compile = fast, comp
+            if which in copies:
+                restore_decode(model, copies[which])
         return setup
 
     variants: dict[str, Callable[[], object]] = {}
     if vs_general:
         variants["general"] = use(False, None)
+    if vs_int8 is not None:
+        variants[f"int8 {vs_int8}"] = use(True, None, "alt")
     if compile_ in ("off", "both"):
         variants["eager"] = use(True, None)
     if compiler is not None:
@@ -337,7 +346,9 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
     cfg = model.config
     scheme = scheme_for(model, args.int8)  # as the server decides: int8 decode weights serve fp32 models only
     extra_rows: list[tuple[str, str]] = []
-    variants = _step_variants(model, args.compile, args.vs_general)
+    copies: dict[str, DecodeCopies] = {}
+    vs_int8 = None if args.vs_int8 is None else scheme_for(model, args.vs_int8) or "off"
+    variants = _step_variants(model, args.compile, args.vs_general, vs_int8, copies)
     primary = next(reversed(variants))
     variants[primary]()
     compiler = model.decode_compile
@@ -360,6 +371,11 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
             ("int8 vs fp32 steps: top-1 / KL nats / ppl ratio",
              f"{fidelity['top1_agree']:.3f} / {fidelity['kl']:.4f} / {fidelity['ppl_ratio']:.3f}"),
         ]
+    if vs_int8 is not None:  # the other scheme's copies, quantised once, swapped in for its runs
+        copies["primary"] = decode_copies(model)
+        quantize_decode(model, None if vs_int8 == "off" else vs_int8)
+        copies["alt"] = decode_copies(model)
+        restore_decode(model, copies["primary"])
     per_b1 = decode_variants_s(model, shape, 1, variants)
     per_bk = decode_variants_s(model, shape, shape.batch, variants)  # leaves the primary variant set up
     b1, bk = per_b1[primary], per_bk[primary]
@@ -440,6 +456,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "$DCANVAS_DECODE_COMPILE, as the server)")
     parser.add_argument("--vs-general", action="store_true",
                         help="also time the general run_layers path (the step before the few-op one), interleaved")
+    parser.add_argument("--vs-int8", choices=("off", *SCHEMES), default=None,
+                        help="also time the eager step with this int8 scheme's decode weights, interleaved")
     parser.add_argument("--prompt", type=int, default=256, help="prefix tokens (prefill)")
     parser.add_argument("--tokens", type=int, default=32, help="decode steps a run")
     parser.add_argument("--runs", type=int, default=5)

@@ -69,7 +69,7 @@ def register_model(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--only", choices=("all", "conversion", "probes"), default="all",
                    help="conversion: the full-vocabulary conversion on the validation passages; probes: the built "
                         "model on the probe set (news, fiction, technical, code, dialogue)")
-    c.add_argument("--int8", choices=("weight", "dynamic"), default=None,
+    c.add_argument("--int8", choices=("weight", "dynamic", "q8"), default=None,
                    help="also the built model's NLL per character on the probe set with int8 decode weights on "
                         "every pass (what its AR decode steps compute) against its fp32 NLL (bound: 1.005x)")
     c.add_argument("--threads", type=int, default=None)

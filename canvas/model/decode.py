@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from canvas.model.int8 import int8_weight_mm
+from canvas.model.int8 import int8_weight_mm, q8_mm
+from kernels.rmsnorm_cpu import fused_kernel
 
 if TYPE_CHECKING:
     from canvas.model.cache import KVCache
@@ -57,18 +58,42 @@ if TYPE_CHECKING:
 Lin = tuple[Tensor, Tensor | None, Tensor | None, int]
 
 
-def _norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """`kernels.rmsnorm.rms_norm_ref` without its casts where x is already fp32 (they are no-ops then)."""
+_FUSED_NORM: list[Any] = []  # kernels.rmsnorm_cpu's raw entry point (None where it did not build), looked up once
+
+
+def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None = None,
+          scale: Tensor | None = None) -> Tensor:
+    """`(residual + kernels.rmsnorm.rms_norm_ref(x, weight)) * scale`, residual and scale optional. fp32 on the CPU,
+    eagerly: one call of the fused C++ kernel (`kernels.rmsnorm_cpu`) instead of ~8 aten ops where it built;
+    otherwise torch's rms_norm without the reference's casts where x is already fp32 (they are no-ops then)."""
+    if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        if not _FUSED_NORM:
+            _FUSED_NORM.append(fused_kernel())
+        fn = _FUSED_NORM[0]
+        if fn is not None:
+            D = x.shape[-1]
+            return fn(x.reshape(-1, D).contiguous(), weight, eps,
+                      None if residual is None else residual.reshape(-1, D).contiguous(), scale).view(x.shape)
     if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    w = None if weight is None else weight.float()
-    return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+        y = F.rms_norm(x, (x.shape[-1],), weight if weight is None or weight.dim() == 1 else None, eps)
+        if weight is not None and weight.dim() > 1:  # stacked per-head weights (H + G, D)
+            y = y * weight
+    elif weight is not None and weight.dim() > 1:  # in fp32, rounded once, as before the fused kernel
+        y = (F.rms_norm(x.float(), (x.shape[-1],), None, eps) * weight.float()).to(x.dtype)
+    else:
+        w = None if weight is None else weight.float()
+        y = F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+    if residual is not None:
+        y = residual + y
+    return y if scale is None else y * scale
 
 
 def _mm(x: Tensor, lin: Lin) -> Tensor:
     """x (B, K) @ the projection: its int8 weights when given, else the fp32 (model dtype) ones."""
     w, q, s, pad = lin
-    return F.linear(x, w) if q is None or s is None else int8_weight_mm(x, q, s, pad)
+    if q is None or s is None:
+        return F.linear(x, w)
+    return q8_mm(x, q, s) if q.dtype == torch.uint8 else int8_weight_mm(x, q, s, pad)
 
 
 def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Tensor, sin: Tensor, *,
@@ -80,10 +105,7 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
     proj = _mm(_norm(x, in_norm, eps), qkv)  # (B, (H + 2G) * D) or (B, (H + G) * D)
     qk = proj[:, : (H + G) * D].view(B, H + G, D)
     raw_v = proj[:, (H + G) * D :].view(B, G, D) if has_v else qk[:, H:]
-    if qk.dtype == torch.float32:
-        qk = _norm(qk, None, eps) * qk_norm
-    else:
-        qk = (F.rms_norm(qk.float(), (D,), None, eps) * qk_norm.float()).to(qk.dtype)
+    qk = _norm(qk, qk_norm, eps)
     half = D // 2
     qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # (B, H + G, D)
     return qk[:, :H, None], qk[:, H:, None], _norm(raw_v, None, eps)[:, :, None]
@@ -98,13 +120,15 @@ def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin,
     projection, input scale, per-expert scale; `experts`: gate/up (E, 2I, M), down (E, M, I). `sparse`: run only
     the picked experts, one row at a time (a host sync for their ids; eager only), else all of them. -> (B, M)."""
     post_attn, pre_ff, pre_ff2, post_ff1, post_ff2, post_ff = norms
-    h = x + _norm(_mm(att, o_proj), post_attn, eps)  # (B, M)
+    h = _norm(_mm(att, o_proj), post_attn, eps, residual=x)  # (B, M): x + norm(o)
     B, M = h.shape
     gate, up = _mm(_norm(h, pre_ff, eps), gate_up).chunk(2, dim=-1)
     dense = _mm(F.gelu(gate, approximate="tanh") * up, down)
     # Routing as `Block.route`: top-k of the softmax, renormalised, times the per-expert scale.
     router_proj, router_scale, expert_scale = router
-    probs = torch.softmax(F.linear(_norm(h, None, eps) * router_scale * (M**-0.5), router_proj), dim=-1,
+    # fp32: the scale inside the fused norm (the same products); other dtypes: rounded as `Block.route` rounds them.
+    routed_in = (_norm(h, router_scale, eps) if h.dtype == torch.float32 else _norm(h, None, eps) * router_scale)
+    probs = torch.softmax(F.linear(routed_in * (M**-0.5), router_proj), dim=-1,
                           dtype=torch.float32)  # (B, E)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True) * expert_scale[ids]
@@ -120,8 +144,8 @@ def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin,
         y = torch.bmm(act.transpose(0, 1), w_down.transpose(1, 2))  # (E, B, M)
         # fp32 accumulation of the weighted experts, rounded once (as fused_moe_ref combines its K slots).
         routed = (y.float() * dense_w.t()[:, :, None]).sum(0).to(h.dtype)  # (B, M)
-    both = _norm(dense, post_ff1, eps) + _norm(routed, post_ff2, eps)
-    return (h + _norm(both, post_ff, eps)) * scalar
+    both = _norm(dense, post_ff1, eps, residual=_norm(routed, post_ff2, eps))  # norm(routed) + norm(dense)
+    return _norm(both, post_ff, eps, residual=h, scale=scalar)  # (h + norm(both)) * scalar
 
 
 def _picked_experts(x: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, w_down: Tensor) -> Tensor:
@@ -214,7 +238,7 @@ def decode_layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KV
     by sliding-ness: the keys' padding (B, 1, 1, S) bool or None. Returns the last hidden states (B, M).
     `halves`: (pre, post) to run; by default the compiled ones where `model.decode_compile` has them ready."""
     compiler = model.decode_compile
-    if halves is None and compiler is not None and not (quant and model.decode_int8 == "dynamic"):
+    if halves is None and compiler is not None and not (quant and model.decode_int8 in ("dynamic", "q8")):
         halves = compiler.ready_or_start(model)
         if compiler.ready:
             with torch.compiler.set_stance(compiler.stance):

@@ -3,7 +3,8 @@
 Owns `Int8Linear` (one weight, quantised once per output channel), `int8_weight_mm` (its "weight" matmul as
 plain aten ops, for the compiled decode step), `quantize_decode` (attaches them to a model's dense projections and
 its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting), `scheme_for` (what a served model gets: "auto",
-the default, is "weight" for fp32 models of `AUTO_MIN_PARAMS` parameters or more) and `DECODE_ROWS`.
+the default, is "weight" for fp32 models of `AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
+`decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark) and `DECODE_ROWS`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
 a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (the 32k
@@ -13,6 +14,13 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
 - "weight": weight-only int8 (`aten._weight_int8pack_mm`) with bf16 activations, every projection. The kernel needs
   the reduced dimension to be a multiple of 16 (torch 2.13 returns garbage or crashes otherwise), so such weights are
   stored zero-padded and their inputs padded to match. The closer of the two to fp32.
+- "q8" (opt-in): `kernels.q8_gemm`, int8 weights per output channel, activations
+  quantised at run time to int8 per block of 32 along K (llama.cpp's Q8_0 for activations: an outlier coarsens only
+  its block), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection including the
+  attention output; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight
+  (it reads each weight tile once for all rows). Not as close to fp32: decode steps after a random prefix agree
+  (top-1 1.000, KL 0.002-0.004 nats), but the probe NLL per character with every pass through it is 1.09x fp32 on
+  news (bound 1.005x; BENCHMARKS.md, issue 31), so "auto" does not pick it.
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
   and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
@@ -37,11 +45,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels import q8_gemm
+
 if TYPE_CHECKING:
     from canvas.model.model import DiffusionModel
 
-Scheme = Literal["dynamic", "weight"]
-SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight")
+Scheme = Literal["dynamic", "weight", "q8"]
+SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight", "q8")
 ENV_VAR = "DCANVAS_DECODE_INT8"
 # Passes of at most this many rows use the int8 weights: AR steps of a few sequences, not prefill or a canvas.
 DECODE_ROWS = 16
@@ -63,7 +73,10 @@ class Int8Linear:
         amax = w.abs().amax(dim=1)  # (N,)
         scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
         self._packed: Any = None
-        if scheme == "dynamic":
+        if scheme == "q8":
+            self._q, self._scale = q8_gemm.quantize_weight(w)  # (N, Kp) uint8 (q + 128), (N,) fp32
+            self._pad = 0
+        elif scheme == "dynamic":
             with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
                 warnings.simplefilter("ignore", UserWarning)
                 qw = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
@@ -80,12 +93,15 @@ class Int8Linear:
         flat = x.reshape(-1, self.in_features)  # (R, K)
         if self.scheme == "dynamic":
             out = torch.ops.quantized.linear_dynamic(flat.contiguous(), self._packed, True)  # reduce_range
+        elif self.scheme == "q8":
+            out = q8_mm(flat, self._q, self._scale)
         else:
             out = int8_weight_mm(flat, self._q, self._scale, self._pad)
         return out.view(*lead, self.out_features)
 
     def weight_tensors(self) -> tuple[Tensor, Tensor, int] | None:
-        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; None
+        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; under
+        "q8" (uint8 weight (N, Kp), fp32 scales (N,), 0), for `q8_mm` (the weight's dtype tells them apart); None
         under "dynamic" (its packed weight is an opaque object)."""
         return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad)
 
@@ -100,6 +116,21 @@ def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
     return torch.ops.aten._weight_int8pack_mm(xb, q, scale).float()
 
 
+_Q8_FN: list[Any] = []  # the built kernel's entry point (or None), looked up once per process
+
+
+def q8_mm(x: Tensor, wq: Tensor, wscale: Tensor) -> Tensor:
+    """x (R, K) fp32 @ the "q8" scheme's weight (`kernels.q8_gemm.quantize_weight`'s layout) -> (R, N) fp32:
+    the C++ kernel where it built, else its torch reference (`q8_linear` warns once)."""
+    if not _Q8_FN:
+        _Q8_FN.append(q8_gemm.kernel())
+    fn = _Q8_FN[0]
+    if fn is None:
+        return q8_gemm.q8_linear(x, wq, wscale)
+    out: Tensor = fn(x.contiguous(), wq, wscale)
+    return out
+
+
 def decode_scheme(choice: str | None = None) -> Scheme | None:
     """The int8 scheme an explicit setting names: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "",
     "off" or unset: none). What a model gets by default is `scheme_for`'s rule."""
@@ -108,13 +139,13 @@ def decode_scheme(choice: str | None = None) -> Scheme | None:
         return None
     if raw not in SCHEMES:
         raise ValueError(f"{ENV_VAR} must be one of {('auto', 'off', *SCHEMES)}, got {raw!r}")
-    return "dynamic" if raw == "dynamic" else "weight"
+    return "dynamic" if raw == "dynamic" else "q8" if raw == "q8" else "weight"
 
 
 # "auto" (the default) gives int8 "weight" decode weights to fp32 models of at least this many parameters: there
 # the int8 step is the faster one and its fidelity was measured (probe NLL per character within 0.5 % of fp32 on the
-# converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m, the test presets) keep
-# exact fp32, as `canvas.model.cpu` keeps them out of bf16.
+# converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m,
+# the test presets) keep exact fp32, as `canvas.model.cpu` keeps them out of bf16.
 AUTO_MIN_PARAMS = 50_000_000
 
 
@@ -126,14 +157,17 @@ def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | Non
         decode_scheme(raw if raw != "auto" else "")  # still reject a malformed setting
         return None
     if raw in ("", "auto"):
-        big = sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMS
-        return "weight" if big else None
+        if sum(p.numel() for p in model.parameters()) < AUTO_MIN_PARAMS:
+            return None
+        # "weight", not "q8": q8 is faster but over the probe bound (news NLL/char 1.09x fp32 with every pass
+        # through it; BENCHMARKS.md, issue 31), so it stays opt-in until its fidelity is fixed.
+        return "weight"
     return decode_scheme(raw)
 
 
 def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionModel:
     """Attach int8 copies of every layer's q/k/v, output, dense gate/up and down projections and of the LM head to
-    `model` (in place, returned), or drop them (`scheme` None). The attention output is weight-only under either
+    `model` (in place, returned), or drop them (`scheme` None). The attention output is weight-only under the "dynamic"
     scheme (see the module docstring). The routed experts stay as they are: one small expert a token, a few percent
     of a step's bytes."""
     if scheme is not None and model.dtype != torch.float32:
@@ -141,9 +175,29 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
     with torch.no_grad():
         for layer in model.blocks:
             layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
-            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, "weight")
+            # The attention output's outliers defeat fbgemm's per-tensor activation scale ("dynamic" keeps it
+            # weight-only); q8's per-block scales hold them.
+            o_scheme: Scheme = "q8" if scheme == "q8" else "weight"
+            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, o_scheme)
             layer.mlp_gate_up_int8 = None if scheme is None else Int8Linear(layer.mlp_gate_up, scheme)
             layer.mlp_down_int8 = None if scheme is None else Int8Linear(layer.mlp_down, scheme)
         model.head_int8 = None if scheme is None else Int8Linear(model.embed, scheme)
     model.decode_int8 = scheme
     return model
+
+
+DecodeCopies = tuple[list[tuple[Any, ...]], Any, Any]
+
+
+def decode_copies(model: DiffusionModel) -> DecodeCopies:
+    """The int8 copies `quantize_decode` attached (and the scheme), to put back later with `restore_decode`: a
+    benchmark keeps two schemes' copies and swaps them between runs instead of quantising again."""
+    layers = [(b.attn.qkv_int8, b.attn.o_proj_int8, b.mlp_gate_up_int8, b.mlp_down_int8) for b in model.blocks]
+    return layers, model.head_int8, model.decode_int8
+
+
+def restore_decode(model: DiffusionModel, copies: DecodeCopies) -> None:
+    """Put back what `decode_copies` took (same model)."""
+    layers, model.head_int8, model.decode_int8 = copies
+    for b, (qkv, o, gu, down) in zip(model.blocks, layers, strict=True):
+        b.attn.qkv_int8, b.attn.o_proj_int8, b.mlp_gate_up_int8, b.mlp_down_int8 = qkv, o, gu, down

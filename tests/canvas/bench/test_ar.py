@@ -104,3 +104,13 @@ def test_bench_ar_times_the_general_step_beside_the_few_op_one() -> None:
     assert set(out["variants"]) == {"general", "eager"}
     assert out["variants"]["eager"]["decode_b1_step_ms"] == pytest.approx(out["decode_b1_step_ms"])
     assert all(v > 0 for variant in out["variants"].values() for v in variant.values())
+
+
+def test_bench_ar_times_another_int8_scheme_beside_the_primary_one() -> None:
+    """`--vs-int8`: the other scheme's copies swapped in for its runs, the primary's back for its own."""
+    torch.set_num_threads(1)
+    out = bench_ar(_args("--int8", "q8", "--vs-int8", "weight", "--compile", "off"))
+    assert out["decode_int8"] == "q8" and set(out["variants"]) == {"int8 weight", "eager"}
+    assert out["variants"]["eager"]["decode_b1_step_ms"] == pytest.approx(out["decode_b1_step_ms"])
+    assert all(v > 0 for variant in out["variants"].values() for v in variant.values())
+    assert 0.0 <= out["int8_fidelity"]["top1_agree"] <= 1.0

@@ -7,7 +7,7 @@ import torch
 
 from canvas.model import DiffusionModel, KVCache, ModelConfig
 from canvas.model.decode import ENV_VAR, DecodeCompiler, attach_compiler, compile_setting
-from canvas.model.int8 import quantize_decode
+from canvas.model.int8 import Scheme, quantize_decode
 
 
 @pytest.fixture()
@@ -52,8 +52,10 @@ def test_few_op_step_equals_the_general_path(model: DiffusionModel, lengths: tup
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_few_op_step_with_int8_weights_matches_the_general_int8_path(model: DiffusionModel) -> None:
-    quantize_decode(model, "weight")
+@pytest.mark.parametrize("scheme", ["weight", "q8"])
+def test_few_op_step_with_int8_weights_matches_the_general_int8_path(model: DiffusionModel, scheme: Scheme) -> None:
+    """Same scheme, both paths: greedy tokens identical (q8: the fused CPU norms on the few-op side too)."""
+    quantize_decode(model, scheme)
     cache, first = _prefixed(model, (4, 11), 12)
     model.decode_fast = False
     want, want_tok = _greedy(model, cache, first, 12)

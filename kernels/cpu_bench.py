@@ -1,0 +1,110 @@
+"""CPU kernel benchmark: the Q8 GEMM and the fused RMSNorm against what they replace, at Gemma-3-270M's shapes.
+
+Run: `python -m kernels.cpu_bench [--threads N] [--reps R] [--json]`. For each projection of the converted
+Gemma-3-270M (q/k/v 1548x640, attention output 640x1032, MLP gate/up 4096x640 and down 640x2048, the 96k head
+98304x640) at M = 1, 8 and 256 rows it times, interleaved rep by rep (so load on a shared machine falls on all
+alike): `q8_linear` (C++), torch's weight-only int8 (`aten._weight_int8pack_mm`, bf16 activations: the "weight"
+decode scheme) and fp32 `F.linear`; then the decode step's norm (8 rows of 640) fused against torch's. Reports the
+median and best ms of each, the weight GB/s of the best (weight bytes / time: how near memory speed a few-row
+call runs) and the speed-up of q8 over the others. The table goes to stdout; the last line is one JSON object
+(CPU flags, ISA built, torch, threads, git sha, rows). Checks q8 against its reference first (exit 1 if off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kernels._cpp import build_isa
+from kernels.bench import _git_sha
+from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight
+from kernels.rmsnorm_cpu import rms_norm_fused
+
+__all__ = ["SHAPES", "main"]
+
+# (name, N, K) of the converted Gemma-3-270M (96k build): head_dim 258, 4 query heads, 1 KV head.
+SHAPES = [("qkv", 1548, 640), ("o_proj", 640, 1032), ("gate_up", 4096, 640), ("down", 640, 2048),
+          ("head", 98304, 640)]
+
+
+def _interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
+    for fn in fns.values():
+        fn()  # warm-up: packing, allocator, thread pool
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _fns(x: torch.Tensor, w: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, xb: torch.Tensor, w8: torch.Tensor,
+         s8: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    return {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
+            "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
+            "fp32": lambda: F.linear(x, w)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--rows", default="1,8,256")
+    p.add_argument("--json", action="store_true", help="only the JSON line")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not available():
+        raise SystemExit("kernels.cpu_bench: the C++ kernels did not build here (see kernels._cpp.build_error)")
+    g = torch.Generator().manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    ok = True
+    for name, N, K in SHAPES:
+        w = torch.randn(N, K, generator=g) * 0.05
+        wq, ws = quantize_weight(w)
+        w8 = ((w / (w.abs().amax(1, keepdim=True) / 127)).round().clamp(-127, 127).to(torch.int8))
+        pad = -K % 16  # _weight_int8pack_mm's K multiple
+        w8 = F.pad(w8, (0, pad)).contiguous()
+        s8 = (w.abs().amax(1) / 127).to(torch.bfloat16)
+        for M in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(M, K, generator=g)
+            ref = q8_linear_ref(x, wq, ws)
+            err = float((q8_linear(x, wq, ws, impl="cpp") - ref).abs().max()) / max(1e-9, float(ref.abs().max()))
+            ok &= err < 1e-4
+            xb = F.pad(x.bfloat16(), (0, pad))
+            t = _interleaved(_fns(x, w, wq, ws, xb, w8, s8), args.reps)
+            best = {k: min(v) for k, v in t.items()}
+            rows.append({"op": name, "N": N, "K": K, "M": M, "rel_err": err,
+                         **{f"{k}_ms": statistics.median(v) for k, v in t.items()},
+                         **{f"{k}_best_ms": b for k, b in best.items()},
+                         "q8_weight_gb_s": N * K / (best["q8"] * 1e-3) / 1e9,
+                         "q8_vs_int8pack": best["int8pack"] / best["q8"], "q8_vs_fp32": best["fp32"] / best["q8"]})
+    x, res, nw, sc = torch.randn(8, 640), torch.randn(8, 640), torch.randn(640), torch.tensor([0.5])
+    t = _interleaved({"fused": lambda: rms_norm_fused(x, nw, 1e-6, res, sc, impl="cpp"),
+                      "torch": lambda: (res + F.rms_norm(x, (640,), nw, 1e-6)) * sc}, args.reps * 20)
+    norm = {"op": "rms_norm+add+scale 8x640", **{f"{k}_best_us": min(v) * 1e3 for k, v in t.items()}}
+    out = {"isa": build_isa(), "torch": torch.__version__, "threads": torch.get_num_threads(), "git_sha": _git_sha(),
+           "checks_ok": ok, "rows": rows, "norm": norm}
+    if not args.json:
+        print(f"{'op':<8} {'N':>6} {'K':>5} {'M':>4} {'q8 ms':>8} {'int8pack':>9} {'fp32':>8} {'q8 GB/s':>8} "
+              f"{'vs int8pack':>11} {'vs fp32':>8}  (best of {args.reps}, interleaved; medians in the JSON)")
+        for r in rows:
+            print(f"{r['op']:<8} {r['N']:>6} {r['K']:>5} {r['M']:>4} {r['q8_best_ms']:>8.3f} "
+                  f"{r['int8pack_best_ms']:>9.3f} {r['fp32_best_ms']:>8.3f} {r['q8_weight_gb_s']:>8.1f} "
+                  f"{r['q8_vs_int8pack']:>10.2f}x {r['q8_vs_fp32']:>7.2f}x")
+        print(f"norm, 8 rows of 640 with residual and scale: fused {norm['fused_best_us']:.1f} us, "
+              f"torch {norm['torch_best_us']:.1f} us")
+    print(json.dumps(out))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

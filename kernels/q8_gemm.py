@@ -1,0 +1,151 @@
+"""Q8 GEMM on the CPU: fp32 activations quantised at run time to int8 per block of 32, int8 weights per channel.
+
+Owns `quantize_weight` (an fp32 (N, K) weight -> the kernel's uint8 layout and per-channel scales), `q8_linear`
+(public, `impl="auto"|"cpp"|"ref"`), its torch reference `q8_linear_ref`, the validating launcher `q8_linear_cpp`,
+and the C++ kernel beside this file (`q8_gemm.cpp`; built once per machine and instruction set by `kernels._cpp`,
+cached under ~/.cache/dcanvas/kernels). `available()` says whether it built; "auto" falls back to the reference
+with one warning when it did not (no compiler, a failed build), so nothing breaks on a machine without g++.
+
+Why: a decode step multiplies a few rows by every weight. torch's weight-only int8 kernel reads them at a third of
+this CPU's bandwidth and costs nearly K times its one-row time at K rows; fbgemm's dynamic int8 is fast but takes one
+activation scale per tensor, which the converted Gemma's outliers make useless. Here, as llama.cpp's Q8_0 does,
+each block of 32 activations gets its own scale (an outlier coarsens only its block), the dot products run in
+int32 (AVX-512 VNNI `vpdpbusd`, an AVX2 fallback, a scalar one), and each tile of weight rows is reused from cache
+for every activation row, so a batch of 8 reads the weights once.
+
+Numerics (the contract the reference states): out = dequant(quant(x)) @ dequant(w).T where quant(x) rounds x / d
+to the nearest integer (ties to even), d = max|x_block| / 127 per block of 32 along K, and w = q * scale with q
+in [-127, 127] per output channel. The kernel's block dot products are exact; its fp32 accumulation order differs
+from the reference's, so the two agree to fp32 rounding, not bit for bit.
+
+Layout (what `quantize_weight` returns): wq (N, Kp) uint8 = q + 128, Kp = K rounded up to 64 (the padding columns
+are 128, i.e. q = 0), wscale (N,) fp32. Any K: the activations are read as zero-padded to Kp (so a K that is not a
+multiple of 32 ends in a shorter block: the converted Gemma's attention output has K = 4 x 258). The width only
+bounds K (any K in (Kp - 64, Kp] fits it): the caller passes the K the weight was built with (`Int8Linear` does).
+
+Legend: M activation rows, K reduced dim, Kp padded K, N output channels.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from kernels._cpp import ISA_ENV, build_error, build_isa, extension
+
+__all__ = ["ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp", "q8_linear_ref",
+           "quantize_activations_ref", "quantize_weight"]
+
+Impl = Literal["auto", "cpp", "ref"]
+_IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
+QK = 32  # activation block along K
+_CHUNK = 64  # the kernel reads K in 64-byte registers: weights are padded to a multiple of this
+_WARNED = False
+
+
+def available() -> bool:
+    """Whether the C++ kernel builds and loads on this machine (builds it on the first call)."""
+    return extension() is not None
+
+
+def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The built kernel's raw entry point `q8_gemm(x, wq, wscale)` (None where it did not build), for hot loops
+    that validated their weights once (`canvas.model.int8`): it checks dtypes and shapes itself (RuntimeError),
+    but x must be (M, K) fp32 and contiguous."""
+    mod = extension()
+    return None if mod is None else mod.q8_gemm
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) fp32 -> (wq (N, Kp) uint8 = q + 128, padded with 128 to a multiple of 64; wscale (N,) fp32):
+    symmetric per output channel, q = round(w / scale) in [-127, 127]; an all-zero row keeps scale 1."""
+    if w.dim() != 2 or w.dtype != torch.float32 or w.shape[1] == 0:
+        raise ValueError(f"quantize_weight takes a 2-D fp32 weight with K > 0, got {tuple(w.shape)} {w.dtype}")
+    N, K = w.shape
+    w = w.detach()
+    amax = w.abs().amax(dim=1)  # (N,)
+    scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
+    q = (w / scale[:, None]).round_().clamp_(-127, 127).add_(128).to(torch.uint8)  # (N, K)
+    pad = -K % _CHUNK
+    wq = F.pad(q, (0, pad), value=128) if pad else q.contiguous()  # (N, Kp)
+    return wq, scale.float().contiguous()
+
+
+def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) fp32 -> (q (M, K32) int8 values as fp32, d (M, K32 / 32) block scales): the kernel's rounding,
+    x zero-padded to K32, K rounded up to 32."""
+    M, K = x.shape
+    xb = F.pad(x, (0, -K % QK)).view(M, -1, QK)  # (M, K32 / 32, 32)
+    d = xb.abs().amax(dim=-1) / 127  # (M, K32 / 32)
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    return (xb * inv[..., None]).round_().view(M, -1), d
+
+
+def q8_linear_ref(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
+    """Torch reference: x (M, K) fp32, wq (N, Kp) uint8, wscale (N,) -> (M, N) fp32, the module's numerics.
+
+    Bytes: read M*K*4 + N*Kp + N*4, write M*N*4. FLOPs: 2*M*N*K (plus the dequantisation, O(M*K + N*K)).
+    """
+    M, K = x.shape
+    q, d = quantize_activations_ref(x.float())  # (M, K32), (M, K32 / 32)
+    xd = (q.view(M, -1, QK) * d[..., None]).view(M, -1)[:, :K]  # (M, K) dequantised activations
+    w = (wq[:, :K].float() - 128) * wscale[:, None]  # (N, K)
+    return xd @ w.t()
+
+
+def _check(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> None:
+    if x.dim() != 2 or x.dtype != torch.float32:
+        raise ValueError(f"x must be (M, K) fp32, got {tuple(x.shape)} {x.dtype}")
+    if wq.dim() != 2 or wq.dtype != torch.uint8:
+        raise ValueError(f"wq must be (N, Kp) uint8 from quantize_weight, got {tuple(wq.shape)} {wq.dtype}")
+    if wscale.shape != (wq.shape[0],) or wscale.dtype != torch.float32:
+        raise ValueError(f"wscale must be ({wq.shape[0]},) fp32, got {tuple(wscale.shape)} {wscale.dtype}")
+    K = x.shape[1]
+    if K == 0:
+        raise ValueError("K must be > 0")
+    if wq.shape[1] != K + (-K % _CHUNK):
+        raise ValueError(f"wq is {wq.shape[1]} wide; K={K} needs {K + (-K % _CHUNK)} (quantize_weight's padding)")
+    if any(t.device.type != "cpu" for t in (x, wq, wscale)):
+        raise ValueError("q8_linear runs on CPU tensors only")
+
+
+def q8_linear_cpp(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
+    """Validating launcher of the C++ kernel (contract in the module docstring); raises RuntimeError when the
+    kernel could not be built here."""
+    _check(x, wq, wscale)
+    mod = extension()
+    if mod is None:
+        raise RuntimeError(f"the q8 C++ kernel is unavailable here: {build_error() or 'unknown'}")
+    out: torch.Tensor = mod.q8_gemm(x.contiguous(), wq.contiguous(), wscale.contiguous())
+    return out
+
+
+def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Impl = "auto") -> torch.Tensor:
+    """x (..., K) fp32 @ the Q8 weight (N, Kp) -> (..., N) fp32. "auto": the C++ kernel where it built (a warning,
+    once, where it did not) and no input needs grad, else the reference."""
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    if impl == "auto":
+        global _WARNED
+        if torch.is_grad_enabled() and x.requires_grad:
+            impl = "ref"
+        elif available():
+            impl = "cpp"
+        else:
+            impl = "ref"
+            if not _WARNED:
+                _WARNED = True
+                warnings.warn(f"q8 C++ kernel unavailable ({build_error()}); using the torch reference",
+                              RuntimeWarning, stacklevel=2)
+    if impl == "ref":
+        _check(flat, wq, wscale)
+        out = q8_linear_ref(flat, wq, wscale)
+    else:
+        out = q8_linear_cpp(flat, wq, wscale)
+    return out.view(*lead, wq.shape[0])

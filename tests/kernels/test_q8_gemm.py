@@ -1,0 +1,150 @@
+"""Q8 GEMM: reference vs a loop oracle, the C++ kernel (each ISA path this CPU runs) vs the reference, the launcher's
+checks and the "auto" fallback when the kernel cannot be built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import _cpp, q8_gemm
+from kernels.q8_gemm import q8_linear, q8_linear_ref, quantize_activations_ref, quantize_weight
+
+needs_kernel = pytest.mark.skipif(not q8_gemm.available(), reason="the q8 C++ kernel does not build here")
+
+# M rows (decode 1..16, prefill 256), K (96 and 160: not multiples of the 64-byte register; 1032 (the converted
+# Gemma's attention output, 4 x 258), 7 and 45: not even of the block of 32, a short last block), N (tails of the
+# 4-channel tile).
+SHAPES = [(1, 32, 1), (1, 640, 1536), (3, 96, 33), (8, 2048, 640), (16, 640, 4099), (256, 160, 70), (5, 1032, 7),
+          (2, 7, 3), (3, 45, 9)]
+
+
+def _inputs(M: int, K: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(M, K, generator=gen) * 3
+    x[:, ::37] *= 40  # outliers, as the converted Gemma's activations have
+    w = torch.randn(N, K, generator=gen) * 0.05
+    return x, w
+
+
+def _oracle(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
+    """Loop oracle: integer dot products block by block, in float64."""
+    M, K = x.shape
+    N = wq.shape[0]
+    out = torch.zeros(M, N, dtype=torch.float64)
+    for m in range(M):
+        for b in range((K + 31) // 32):
+            blk = x[m, b * 32 : (b + 1) * 32].double()  # the last one may be short
+            d = float(blk.abs().max()) / 127
+            q = torch.round(blk / d).long() if d > 0 else torch.zeros(len(blk), dtype=torch.long)
+            w = wq[:, b * 32 : b * 32 + len(blk)].long() - 128  # (N, <= 32)
+            out[m] += (w @ q).double() * d
+    return (out * wscale.double()).float()
+
+
+def _tol(ref: torch.Tensor) -> dict[str, float]:
+    # fp32 summation order only: relative to the output's scale (single outputs may cancel to near zero).
+    return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, float(ref.abs().max()))}
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 32, 1), (3, 96, 5), (2, 64, 9), (2, 45, 3)])
+def test_ref_matches_loop_oracle(M: int, K: int, N: int, gen: torch.Generator) -> None:
+    x, w = _inputs(M, K, N, gen)
+    x[0, :32] = 0  # an all-zero block: scale 0, contributes nothing
+    wq, ws = quantize_weight(w)
+    ref = q8_linear_ref(x, wq, ws)
+    torch.testing.assert_close(ref, _oracle(x, wq, ws), **_tol(ref))
+
+
+def test_quantisation_is_per_block(gen: torch.Generator) -> None:
+    """An outlier coarsens its own block of 32 only (the reason for Q8 over one scale per row)."""
+    x = torch.randn(1, 128, generator=gen)
+    x[0, 5] = 1000.0
+    q, d = quantize_activations_ref(x)
+    assert q.abs().max() <= 127
+    assert d[0, 0] == pytest.approx(1000 / 127)
+    deq = (q.view(1, 4, 32) * d[..., None]).view(1, 128)
+    assert (deq[0, 32:] - x[0, 32:]).abs().max() <= d[0, 1:].max() / 2 + 1e-6
+    assert (deq - x).abs()[0, 32:].max() < 0.05  # a per-row scale would err by up to 1000 / 254 ~ 3.9 here
+
+
+def test_weight_layout(gen: torch.Generator) -> None:
+    w = torch.randn(5, 96, generator=gen)
+    w[2] = 0
+    wq, ws = quantize_weight(w)
+    assert wq.shape == (5, 128) and wq.dtype == torch.uint8
+    assert (wq[:, 96:] == 128).all()  # padding is q = 0
+    assert ws[2] == 1.0 and (wq[2] == 128).all()
+    deq = (wq[:, :96].float() - 128) * ws[:, None]
+    assert (deq - w).abs().max() <= ws.max() / 2 + 1e-6
+
+
+@needs_kernel
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_kernel_matches_ref(M: int, K: int, N: int, gen: torch.Generator) -> None:
+    x, w = _inputs(M, K, N, gen)
+    wq, ws = quantize_weight(w)
+    ref = q8_linear(x, wq, ws, impl="ref")
+    torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp"), ref, **_tol(ref))
+
+
+@needs_kernel
+def test_kernel_leading_dims_and_zero_rows(gen: torch.Generator) -> None:
+    x, w = _inputs(6, 64, 10, gen)
+    wq, ws = quantize_weight(w)
+    got = q8_linear(x.view(2, 3, 64), wq, ws, impl="cpp")
+    assert got.shape == (2, 3, 10)
+    torch.testing.assert_close(got.view(6, 10), q8_linear_ref(x, wq, ws), **_tol(got))
+    assert q8_linear(x[:0], wq, ws, impl="cpp").shape == (0, 10)
+    torch.testing.assert_close(q8_linear(torch.zeros(2, 64), wq, ws, impl="cpp"), torch.zeros(2, 10))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
+    """The fallbacks a machine without AVX-512 VNNI (or without x86 SIMD) builds, run here where the CPU can."""
+    monkeypatch.setenv(q8_gemm.ISA_ENV, isa)
+    try:
+        q8_gemm.build_isa()
+    except ValueError as e:
+        pytest.skip(str(e))
+    if not q8_gemm.available():
+        pytest.skip(f"the {isa} build failed here")
+    for M, K, N in SHAPES[:5]:
+        x, w = _inputs(M, K, N, gen)
+        wq, ws = quantize_weight(w)
+        ref = q8_linear_ref(x, wq, ws)
+        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp"), ref, **_tol(ref))
+
+
+def test_bad_inputs_raise(gen: torch.Generator) -> None:
+    wq, ws = quantize_weight(torch.randn(4, 64, generator=gen))
+    with pytest.raises(ValueError, match="K > 0"):
+        quantize_weight(torch.randn(4, 0))
+    with pytest.raises(ValueError, match="64 wide"):
+        q8_linear(torch.randn(2, 128), wq, ws, impl="ref")
+    with pytest.raises(ValueError, match="fp32"):
+        q8_linear(torch.randn(2, 64).double(), wq, ws, impl="ref")
+    with pytest.raises(ValueError, match="uint8"):
+        q8_linear(torch.randn(2, 64), wq.to(torch.int8), ws, impl="ref")
+    with pytest.raises(ValueError, match="impl"):
+        q8_linear(torch.randn(2, 64), wq, ws, impl="triton")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=q8_gemm.ISA_ENV):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(q8_gemm.ISA_ENV, "neon")
+            q8_gemm.build_isa()
+
+
+def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
+    """Where the kernel cannot be built (no compiler), "auto" runs the reference and warns once."""
+    isa = _cpp.build_isa()
+    monkeypatch.setitem(_cpp._MODULES, isa, None)
+    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
+    monkeypatch.setattr(q8_gemm, "_WARNED", False)
+    x, w = _inputs(2, 64, 3, gen)
+    wq, ws = quantize_weight(w)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        got = q8_linear(x, wq, ws)
+    torch.testing.assert_close(got, q8_linear_ref(x, wq, ws))
+    q8_linear(x, wq, ws)  # no second warning (filterwarnings = error would raise)
+    with pytest.raises(RuntimeError, match="unavailable"):
+        q8_linear(x, wq, ws, impl="cpp")
+    assert q8_gemm.kernel() is None
