@@ -3,7 +3,7 @@
 Owns `Int8Linear` (one weight, quantised once per output channel), `int8_weight_mm` (its "weight" matmul as
 plain aten ops, for the compiled decode step), `quantize_decode` (attaches them to a model's dense projections and
 its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting), `scheme_for` (what a served model gets: "auto",
-the default, is "weight" for fp32 models of `AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
+the default, is "q8" for fp32 models of `AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
 `decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark) and `DECODE_ROWS`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
@@ -14,13 +14,12 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
 - "weight": weight-only int8 (`aten._weight_int8pack_mm`) with bf16 activations, every projection. The kernel needs
   the reduced dimension to be a multiple of 16 (torch 2.13 returns garbage or crashes otherwise), so such weights are
   stored zero-padded and their inputs padded to match. The closer of the two to fp32.
-- "q8" (opt-in): `kernels.q8_gemm`, int8 weights per output channel, activations
+- "q8" (what "auto" picks where the kernel builds): `kernels.q8_gemm`, int8 weights per output channel, activations
   quantised at run time to int8 per block of 32 along K (llama.cpp's Q8_0 for activations: an outlier coarsens only
-  its block), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection including the
-  attention output; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight
-  (it reads each weight tile once for all rows). Not as close to fp32: decode steps after a random prefix agree
-  (top-1 1.000, KL 0.002-0.004 nats), but the probe NLL per character with every pass through it is 1.09x fp32 on
-  news (bound 1.005x; BENCHMARKS.md, issue 31), so "auto" does not pick it.
+  its block), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection but the
+  attention output (weight-only: see `quantize_decode`); a C++ extension built once per machine. Faster than
+  "weight" at one row and far more at eight (it reads each weight tile once for all rows); probe NLL per character
+  1.0003-1.0048x fp32 by kind (bound 1.005x; BENCHMARKS.md, issue 31).
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
   and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
@@ -142,7 +141,7 @@ def decode_scheme(choice: str | None = None) -> Scheme | None:
     return "dynamic" if raw == "dynamic" else "q8" if raw == "q8" else "weight"
 
 
-# "auto" (the default) gives int8 "weight" decode weights to fp32 models of at least this many parameters: there
+# "auto" (the default) gives int8 decode weights to fp32 models of at least this many parameters: there
 # the int8 step is the faster one and its fidelity was measured (probe NLL per character within 0.5 % of fp32 on the
 # converted Gemma-3-270M; BENCHMARKS.md, issue 31). Smaller models (the embedded canvas-6m,
 # the test presets) keep exact fp32, as `canvas.model.cpu` keeps them out of bf16.
@@ -150,8 +149,8 @@ AUTO_MIN_PARAMS = 50_000_000
 
 
 def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | None:
-    """The int8 decode scheme `model` gets: `choice`, else `DCANVAS_DECODE_INT8`; "auto" or unset: "weight" for an
-    fp32 model of at least `AUTO_MIN_PARAMS` parameters, none otherwise. A non-fp32 model never gets one."""
+    """The int8 decode scheme `model` gets: `choice`, else `DCANVAS_DECODE_INT8`; "auto" or unset: "q8" (or "weight"
+    where the C++ kernel does not build) for an fp32 model of at least `AUTO_MIN_PARAMS` parameters, none otherwise. A non-fp32 model never gets one."""
     raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
     if model.dtype != torch.float32:
         decode_scheme(raw if raw != "auto" else "")  # still reject a malformed setting
@@ -159,9 +158,9 @@ def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | Non
     if raw in ("", "auto"):
         if sum(p.numel() for p in model.parameters()) < AUTO_MIN_PARAMS:
             return None
-        # "weight", not "q8": q8 is faster but over the probe bound (news NLL/char 1.09x fp32 with every pass
-        # through it; BENCHMARKS.md, issue 31), so it stays opt-in until its fidelity is fixed.
-        return "weight"
+        # q8 where its kernel builds (faster, and within the probe bound: NLL/char 1.0003-1.0048x fp32 by kind;
+        # BENCHMARKS.md, issue 31); its torch reference would be far slower than "weight" where it does not.
+        return "q8" if q8_gemm.available() else "weight"
     return decode_scheme(raw)
 
 
@@ -175,10 +174,11 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
     with torch.no_grad():
         for layer in model.blocks:
             layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
-            # The attention output's outliers defeat fbgemm's per-tensor activation scale ("dynamic" keeps it
-            # weight-only); q8's per-block scales hold them.
-            o_scheme: Scheme = "q8" if scheme == "q8" else "weight"
-            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, o_scheme)
+            # The attention output stays weight-only under every scheme: its outliers defeat fbgemm's per-tensor
+            # activation scale, and the converted Gemma's anchor dims (large values under zero weight columns) set
+            # the scale of the q8 block they sit in, so that block's 31 other values lose their precision (q8 here
+            # alone: news NLL/char 1.099x fp32; everywhere else 1.0004-1.0011x each).
+            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, "weight")
             layer.mlp_gate_up_int8 = None if scheme is None else Int8Linear(layer.mlp_gate_up, scheme)
             layer.mlp_down_int8 = None if scheme is None else Int8Linear(layer.mlp_down, scheme)
         model.head_int8 = None if scheme is None else Int8Linear(model.embed, scheme)
