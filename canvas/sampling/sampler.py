@@ -204,10 +204,11 @@ def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: f
     return out
 
 
-_EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "ar_long_gap", "ar_temperature_long", "fim", "ar_drafts", "ar_seam_tokens", "ar_min_fill", "ar_endings",
-               "ar_draft_weight", "ar_select_temperature", "ar_no_repeat", "ar_smc_every", "ar_smc_temperature")
-_INT_FIELDS = ("max_steps", "stability_threshold", "ar_long_gap", "ar_drafts", "ar_seam_tokens", "ar_endings", "ar_no_repeat",
-               "ar_smc_every")
+_EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "ar_long_gap", "ar_temperature_long", "fim", "ar_drafts",
+               "ar_seam_tokens", "ar_min_fill", "ar_endings", "ar_draft_weight", "ar_select_temperature",
+               "ar_no_repeat", "ar_smc_every", "ar_smc_temperature")
+_INT_FIELDS = ("max_steps", "stability_threshold", "ar_long_gap", "ar_drafts", "ar_seam_tokens", "ar_endings",
+               "ar_no_repeat", "ar_smc_every")
 
 
 def extra_settings(cfg: SamplerConfig) -> dict[str, Any]:
