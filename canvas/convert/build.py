@@ -255,6 +255,39 @@ def apply_fim(model: DiffusionModel, model_dir: Path, adapters: Path = FIM_ADAPT
     return apply_fim_adapters(model, adapters, ids)
 
 
+def build_with_fim(base_dir: Path, adapters: Path, out: Path) -> Path:
+    """A FIM variant of the build in `base_dir` (one built without FIM adapters): its weights with the FIM adapter
+    set in `adapters` merged (`apply_fim`, the same merge `build` does in memory, so equal to a rebuild with those
+    adapters committed), every other file copied, and a `build.json` whose fingerprint is the base's plus the set's
+    hash as `fim_adapters` (what gives the model the FIM format). For evaluating a run's checkpoints without
+    committing their adapters or converting Gemma again. Written beside `out` and renamed in, as `build` does."""
+    record = base_dir / "build.json"
+    if not record.is_file():
+        raise FileNotFoundError(f"{base_dir}: not a build (no build.json); pass a `dcanvas model build` directory")
+    meta = json.loads(record.read_text(encoding="utf-8"))
+    if meta["fingerprint"].get("fim_adapters"):
+        raise ValueError(f"{base_dir}: already has FIM adapters; pass the build without them")
+    if not (adapters / "adapters.json").is_file():
+        raise FileNotFoundError(f"{adapters}: no FIM adapter set (adapters.json)")
+    model = apply_fim(DiffusionModel.from_pretrained(str(base_dir), dtype=torch.float32).eval(), base_dir, adapters)
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp))
+    # Only the weights change: config.json, the sampler files and the tokenizer stay the base's byte for byte.
+    for f in base_dir.iterdir():
+        if f.is_file() and f.name not in ("build.json", "model.safetensors"):
+            shutil.copy(f, tmp / f.name)
+    fp = {**meta["fingerprint"], "fim_adapters": _digest(_files_sha(adapters))}
+    (tmp / "build.json").write_text(json.dumps({**meta, "fingerprint": fp, "files": _files_sha(tmp),
+                                                "fim_from": str(adapters)}, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def build(cfg: BuildConfig = BuildConfig(), *, cache: Path | None = None, force: bool = False,
           quiet: bool = False) -> Path:
     """Build (or find) the default model from the Gemma wheels; returns its directory."""

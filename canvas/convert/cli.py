@@ -66,9 +66,13 @@ def register_model(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--model", type=Path, default=None,
                    help="the built model whose vocabulary and encoder the probe set measures (default: the cached "
                         "default build)")
-    c.add_argument("--only", choices=("all", "conversion", "probes"), default="all",
+    c.add_argument("--only", choices=("all", "conversion", "probes", "against"), default="all",
                    help="conversion: the full-vocabulary conversion on the validation passages; probes: the built "
-                        "model on the probe set (news, fiction, technical, code, dialogue)")
+                        "model on the probe set (news, fiction, technical, code, dialogue); against: only the "
+                        "--against comparison")
+    c.add_argument("--against", type=Path, default=None,
+                   help="also --model's plain perplexity on the validation passages against this build's (the build "
+                        "without FIM adapters: bound 1.02x, issue 30)")
     c.add_argument("--int8", choices=("weight", "dynamic", "q8"), default=None,
                    help="also the built model's NLL per character on the probe set with int8 decode weights on "
                         "every pass (what its AR decode steps compute) against its fp32 NLL (bound: 1.005x)")
@@ -122,6 +126,21 @@ def run_check(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.only == "against" and args.against is None:
+        print("dcanvas model check: --only against needs --against DIR", file=sys.stderr)
+        return 2
+    result: dict[str, object] = {}
+    ok = True
+    if args.against is not None:
+        try:
+            against, ok = _check_against(_built(args), args.against, _passages(args))
+        except (FileNotFoundError, ValueError) as e:
+            print(f"dcanvas model check: {e}", file=sys.stderr)
+            return 2
+        result["against"] = against
+        if args.only == "against":
+            print(json.dumps(result))
+            return 0 if ok else 1
     try:
         passages = [] if args.only == "probes" else _passages(args)
         model_dir = None if args.only == "conversion" else _built(args)
@@ -129,8 +148,6 @@ def run_check(args: argparse.Namespace) -> int:
     except (GemmaUnavailable, FileNotFoundError) as e:
         print(f"dcanvas model check: {e}", file=sys.stderr)
         return 2
-    result: dict[str, object] = {}
-    ok = True
     if passages:
         result.update(_check_conversion(source, tok, passages))
     if model_dir is not None:
@@ -177,6 +194,24 @@ def _check_int8(model_dir: Path, scheme: str) -> tuple[list[dict[str, Any]], boo
         print(f"{kind:<12}{len(texts):>6}{a:>9.4f}{b:>9.4f}{b / a:>8.4f}x{'' if good else '  OVER'}")
         rows.append({"kind": kind, "texts": len(texts), "nll_fp32": a, "nll_int8": b, "ratio": b / a})
     return rows, ok
+
+
+def _check_against(model_dir: Path, reference_dir: Path, passages: list[str]) -> tuple[dict[str, Any], bool]:
+    """The built model's plain perplexity against another build's on the validation passages (issue 30: a build
+    with FIM adapters within `MAX_BUILD_PPL_RATIO` of the one without)."""
+    from canvas.convert.fidelity import MAX_BUILD_PPL_RATIO, compare_builds
+
+    if not (reference_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--against {reference_dir}: no built model")
+    r = compare_builds(model_dir, reference_dir, passages)
+    good = r.ratio <= MAX_BUILD_PPL_RATIO
+    print(f"{model_dir.name} against {reference_dir.name}: passages {r.passages}, predictions {r.predictions}, "
+          f"bound {MAX_BUILD_PPL_RATIO:.2f}x")
+    print(f"{'model':<40}{'ppl':>9}{'ratio':>8}{'KL nats':>10}{'top-1':>8}")
+    print(f"{reference_dir.name:<40}{r.ppl_original:>9.3f}{1.0:>8.3f}{0.0:>10.4f}{1.0:>8.3f}")
+    print(f"{model_dir.name:<40}{r.ppl_converted:>9.3f}{r.ratio:>8.3f}{r.kl:>10.4f}{r.top1_agree:>8.3f}"
+          f"{'' if good else '  OVER'}")
+    return {"reference": str(reference_dir), "max_ratio": MAX_BUILD_PPL_RATIO, **r.to_json()}, good
 
 
 def _passages(args: argparse.Namespace) -> list[str]:

@@ -5,6 +5,8 @@ vocabulary: a trimmed head renormalises over fewer tokens, which no longer measu
 the original's and the converted model's perplexity over every next-token prediction, their ratio, the mean
 KL(original || converted) in nats and the share of positions whose argmax agrees. `validation_passages` reads
 the project corpus's validation split (`dcanvas data build`): Austen and World English Bible documents in turn.
+`compare_builds` is the same comparison between two built models over one tokenizer (a build with FIM adapters
+against the build without them: issue 30's bound, plain perplexity within `MAX_BUILD_PPL_RATIO` of before).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -80,3 +83,31 @@ def compare(source: Any, model: DiffusionModel, tok: Any, passages: list[str], m
         raise ValueError("no predictions: the passages are empty")
     return Fidelity(len(passages), n, math.exp(nll_o / n), math.exp(nll_c / n), math.exp((nll_c - nll_o) / n),
                     kl / n, agree / n)
+
+
+# A build's trained additions (the FIM adapters) may cost plain text at most this much perplexity (issue 30).
+MAX_BUILD_PPL_RATIO = 1.02
+
+
+class _AsCausalLM:
+    """A model's causal encoder called as `compare` calls the original (`source(input_ids=ids).logits`)."""
+
+    def __init__(self, model: DiffusionModel) -> None:
+        self.model = model
+
+    def __call__(self, input_ids: torch.Tensor) -> Any:
+        logits, _ = self.model.encode(input_ids)
+        return SimpleNamespace(logits=logits)
+
+
+def compare_builds(model_dir: Path, reference_dir: Path, passages: list[str], max_tokens: int = 400) -> Fidelity:
+    """`compare` of the build in `model_dir` (as "converted") against the build in `reference_dir` (as "original"),
+    fp32 both; they must share a tokenizer (the same vocabulary: perplexities over different ids do not compare)."""
+    from transformers import AutoTokenizer
+
+    a, b = model_dir / "tokenizer.json", reference_dir / "tokenizer.json"
+    if not (a.is_file() and b.is_file()) or a.read_bytes() != b.read_bytes():
+        raise ValueError(f"{model_dir} and {reference_dir} do not share a tokenizer (compare builds of one vocabulary)")
+    model = DiffusionModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    reference = DiffusionModel.from_pretrained(str(reference_dir), dtype=torch.float32).eval()
+    return compare(_AsCausalLM(reference), model, AutoTokenizer.from_pretrained(str(model_dir)), passages, max_tokens)

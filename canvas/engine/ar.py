@@ -99,6 +99,7 @@ class ARWalk:
         self.lanes = 0
         self.start = self.end = self.n = 0
         self.scored = False
+        self.temperature = cfg.ar_temperature  # this gap's drafting temperature (`_start_gap` sets it)
         self.seam: Tensor | None = None
         self.fim_cache: KVCache | None = None  # the FIM prompt's cache while a FIM gap drafts
         self.tokens = self.lp = self.seam0 = self.feed_next = torch.empty(0)
@@ -177,6 +178,8 @@ class ARWalk:
         self.lanes = self.cfg.ar_drafts if scored else 1
         self.start, self.end, self.n = start, end, 0
         g = end - start
+        long = scored and 0 < self.cfg.ar_long_gap < g  # a long infill drafts cooler (SamplerConfig.ar_long_gap)
+        self.temperature = self.cfg.ar_temperature_long if long else self.cfg.ar_temperature
         dev = self.last.device
         first = self.last
         self.fim_cache = None
@@ -227,9 +230,9 @@ class ARWalk:
                 again = self.seen[k].get(tuple(head))
                 if again:
                     logits[k, list(again)] = _NEG
-        if self.cfg.ar_temperature > 0:
+        if self.temperature > 0:
             logits = truncate_logits(logits, self.cfg.ar_top_k, self.cfg.ar_top_p, self.cfg.ar_min_p)
-            probs = torch.softmax(logits / self.cfg.ar_temperature, dim=-1)
+            probs = torch.softmax(logits / self.temperature, dim=-1)
             tok = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
         else:
             tok = logits.argmax(dim=-1)

@@ -78,11 +78,12 @@ class EvalConfig:
     chunks_per_doc: int = 4  # at most this many passages from one document, spread over it
     speed_scale: float = 1.0  # multiplies the speed bounds of `eval_choice` (a slower machine than the target's)
     continuation: bool = True  # False: infill tasks only (comparing infill settings; no sweep, no continuation row)
+    examples: int = 1  # samples per task whose texts the result quotes beside the human text (`examples`)
 
     def __post_init__(self) -> None:
         if not self.gaps or any(g < 1 for g in self.gaps):
             raise ValueError(f"gaps must be one or more positive sizes, got {self.gaps}")
-        for name in ("context_tokens", "side_tokens", "prompt_tokens", "samples", "chunks_per_doc"):
+        for name in ("context_tokens", "side_tokens", "prompt_tokens", "samples", "chunks_per_doc", "examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seam_tokens < 0 or self.sweep_samples < 0:
@@ -308,16 +309,19 @@ def _unmeasured(like: Point) -> Point:
 
 
 def examples(records: Sequence[Record], samples: dict[str, list[Sample]], cfg: EvalConfig) -> list[dict[str, Any]]:
-    """The first sample of each task with the human text and each variant's output at the main settings."""
+    """The first `cfg.examples` samples of each task with the human text and each variant's output at the main
+    settings."""
     out = []
-    for task in cfg.tasks:
-        s = samples[task][0]
+    for task, index in itertools.product(cfg.tasks, range(cfg.examples)):
+        if index >= len(samples[task]):
+            continue
+        s = samples[task][index]
         main = (cfg.max_steps, cfg.entropy_bound)
-        mine = [r for r in records if r.task == task and r.index == 0 and (r.max_steps, r.entropy_bound) == main]
+        mine = [r for r in records if r.task == task and r.index == index and (r.max_steps, r.entropy_bound) == main]
         outputs: dict[str, str] = {Variant.of(r).label: r.text for r in mine}
         before = s.text[: s.gap[0]] if s.gap else s.text
         after = s.text[s.gap[1] :] if s.gap else ""
-        out.append({"task": task, "doc_id": s.doc_id, "before": before[-300:], "human": s.reference,
+        out.append({"task": task, "index": index, "doc_id": s.doc_id, "before": before[-300:], "human": s.reference,
                     "after": after[:200], "outputs": outputs})  # fmt: skip
     return out
 
@@ -370,6 +374,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="task sizes (default|tiny)")
     parser.add_argument("--samples", type=int, default=None, help="samples per task (default 16)")
     parser.add_argument("--seed", type=int, default=None, help="passage choice and sampler seeds (default 0)")
+    parser.add_argument("--examples", type=int, default=None, help="samples per task quoted in the result (1)")
     parser.add_argument("--gaps", type=_ints, default=None, help="infill gap sizes in tokens (default 32,64)")
     parser.add_argument("--chunks-per-doc", dest="chunks_per_doc", type=int, default=None,
                         help="passages per document at most (default 4)")  # fmt: skip
@@ -425,7 +430,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 _OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "modes",
               "ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every", "chunks_per_doc",
-              "speed_scale")  # fmt: skip
+              "speed_scale", "examples")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -317,3 +317,22 @@ def test_settings_are_checked_and_persisted(tmp_path) -> None:  # noqa: ANN001
     assert load_sampler_defaults(tmp_path) == cfg
     assert SamplerConfig(**PLAIN).seam_aware is False and SamplerConfig(ar_drafts=1, ar_seam_tokens=4).seam_aware
     assert SamplerConfig().seam_aware  # AR mode joins the text after a gap unless told otherwise
+
+
+def test_a_long_gap_drafts_at_its_own_temperature(model: DiffusionModel) -> None:
+    """Gaps longer than `ar_long_gap` draft at `ar_temperature_long`: at 0 (greedy) the seed no longer matters,
+    while the same gap at the hot `ar_temperature` (not longer than the bound) differs by seed."""
+
+    def fill(seed: int, long_gap: int) -> tuple[int, ...]:
+        req = infill((5, 9), 2, 8, 3, ar_drafts=2, ar_seam_tokens=3, ar_temperature=5.0, seed=seed,
+                     ar_long_gap=long_gap, ar_temperature_long=0.0)
+        (done,), _ = run(Engine(model), [req])
+        return done.canvases[0][2:10]  # the gap (the canvas's free tail is a continuation)
+
+    assert fill(1, 7) == fill(2, 7)  # 8 > 7: greedy, both lanes alike
+    assert fill(1, 8) != fill(2, 8)  # 8 is not longer than 8: sampled at 5.0
+    for bad in ({"ar_long_gap": -1}, {"ar_temperature_long": -0.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplerConfig(**bad)  # type: ignore[arg-type]
+    cfg = SamplerConfig(ar_long_gap=48, ar_temperature_long=0.6)
+    assert extra_settings(cfg)["ar_long_gap"] == 48 and extra_settings(cfg)["ar_temperature_long"] == 0.6

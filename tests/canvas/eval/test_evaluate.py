@@ -475,6 +475,13 @@ def test_an_infill_only_comparison_of_ar_settings(backend: Backend, judge: Judge
     assert math.isnan(result["fill_ratio_continuation"]) and math.isfinite(result["fill_ratio_infill"])
     assert "infill-4" in markdown(result)
     json.dumps(result)
+    assert [e["index"] for e in result["examples"]] == [0]  # one quoted sample a task by default...
+    two = evaluate(backend, judge, docs, dataclasses.replace(cfg, samples=2, examples=3, ar_temperature=(0.7,),
+                                                             ar_smc_every=()))
+    assert [e["index"] for e in two["examples"]] == [0, 1]  # ...more on request, as many as there are
+    assert all(e["human"] and len(e["outputs"]) == 1 for e in two["examples"])
+    with pytest.raises(ValueError, match="examples"):
+        dataclasses.replace(cfg, examples=0)
     with pytest.raises(EvalError, match="fim"):
         evaluate(backend, judge, docs, dataclasses.replace(cfg, ar_smc_every=(), fim=(True, False)))
 
