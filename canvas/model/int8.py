@@ -150,7 +150,8 @@ AUTO_MIN_PARAMS = 50_000_000
 
 def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | None:
     """The int8 decode scheme `model` gets: `choice`, else `DCANVAS_DECODE_INT8`; "auto" or unset: "q8" (or "weight"
-    where the C++ kernel does not build) for an fp32 model of at least `AUTO_MIN_PARAMS` parameters, none otherwise. A non-fp32 model never gets one."""
+    where the C++ kernel does not build) for an fp32 model of at least `AUTO_MIN_PARAMS`
+    parameters, none otherwise. A non-fp32 model never gets one."""
     raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
     if model.dtype != torch.float32:
         decode_scheme(raw if raw != "auto" else "")  # still reject a malformed setting
