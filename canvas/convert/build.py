@@ -48,11 +48,15 @@ class BuildConfig:
     vocab_size: int | None = 98_304  # None: keep Gemma's 262,144; 96k chosen by measurement (BENCHMARKS.md)
     calibration_tokens: int = 256  # per calibration passage (BOS included)
     convert: ConvertConfig = ConvertConfig(name="gemma3-270m-dg")
+    # Merge the committed FIM adapters (when there are any). False builds the base they were trained on, which the
+    # FIM fine-tune resumes from (`dcanvas model build --without-fim`): merging them twice would train on top of
+    # themselves. Such a build is named apart ("-nofim") so the default one is never overwritten by it.
+    fim: bool = True
 
     @property
     def name(self) -> str:
         vocab = "full" if self.vocab_size is None else f"{self.vocab_size // 1024}k"
-        return f"{self.convert.name}-{vocab}"
+        return f"{self.convert.name}-{vocab}" + ("" if self.fim else "-nofim")
 
 
 def cache_root() -> Path:
@@ -113,13 +117,14 @@ def fingerprint(cfg: BuildConfig, gguf_sha: str) -> dict[str, Any]:
     fp = {
         "build_version": BUILD_VERSION,
         "gguf_sha256": gguf_sha,
-        "config": dataclasses.asdict(cfg),
+        # `fim` only where it is off, so the default builds' records stay as they were.
+        "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "fim" or not v},
         "calibration_sha256": sha256_file(CALIBRATION),
         "vocab_ranking_sha256": sha256_file(RANKING) if cfg.vocab_size is not None else None,
         "adapters": _adapters_digest(),
         "torch": torch.__version__.split("+")[0],
     }
-    fim = _fim_digest()
+    fim = _fim_digest() if cfg.fim else None
     if fim is not None:  # absent from the record without them, so models built before FIM stay up to date
         fp["fim_adapters"] = fim
     generation = _generation()
@@ -220,7 +225,7 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
 
         steps("applying the trained weights")
         model = apply_adapters(model, ADAPTERS)
-    fim = adapters and _fim_digest() is not None
+    fim = adapters and cfg.fim and _fim_digest() is not None
     if fim:
         steps("applying the FIM adapters")
         model = apply_fim(model, tmp)

@@ -57,6 +57,9 @@ def register_model(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--cache", type=Path, default=None, help="cache directory (default: $DCANVAS_CACHE or "
                                                             "~/.cache/dcanvas)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cached model is up to date")
+    b.add_argument("--without-fim", action="store_true",
+                   help="build without the committed FIM adapters (the base the FIM fine-tune resumes from; named "
+                        "<name>-nofim)")
     b.set_defaults(func=run_build)
     c = sub.add_parser("check", help="encoder fidelity: the converted model against the original Gemma 3",
                        description="Convert (full vocabulary, in memory) and compare the causal encoder with the "
@@ -87,7 +90,8 @@ def _build_config(args: argparse.Namespace) -> BuildConfig:
 
     base = BuildConfig()
     convert = dataclasses.replace(base.convert, num_experts=args.experts, canvas_length=args.canvas_length)
-    return dataclasses.replace(base, vocab_size=args.vocab_size, convert=convert)
+    return dataclasses.replace(base, vocab_size=args.vocab_size, convert=convert,
+                               fim=not getattr(args, "without_fim", False))
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -369,12 +369,22 @@ def uses_bf16(cfg: FimTrainConfig, device: torch.device) -> bool:
     return cpu_kind() in ("amx", "avx512_bf16", "arm_bf16")
 
 
+def require_plain_base(base: Path) -> None:
+    """Refuse a base build that already merged FIM adapters (its `build.json` records them): the run's adapters
+    would train on top of a copy of themselves, and its plain anchor would hold the wrong model."""
+    record = base / "build.json"
+    if record.is_file() and json.loads(record.read_text(encoding="utf-8"))["fingerprint"].get("fim_adapters"):
+        raise ValueError(f"{base}: this build already has the FIM adapters merged; fine-tune the build without them "
+                         "(`dcanvas model build --without-fim` prints its directory)")
+
+
 class FimTrainer:
     def __init__(self, run_dir: Path, cfg: FimTrainConfig, *, device: str = "cpu") -> None:
         from tokenizers import Tokenizer
 
         from canvas.training.fim import word_boundaries
 
+        require_plain_base(Path(cfg.base))
         self.run_dir, self.cfg, self.device = run_dir, cfg, torch.device(device)
         tokens = _ensure_tokens(cfg)
         tok = Tokenizer.from_file(str(Path(cfg.base) / "tokenizer.json"))

@@ -63,7 +63,8 @@ async def test_window_moves_with_f4_and_with_a_mask_outside_it(tmp_path: Path, s
 
         await wait_until(pilot, lambda: screen.sync.ready, "the document")
         assert window()[0] == 0 and window()[1] < len(body)
-        assert any(k == "outside" for _, _, k in screen.editor.marks)
+        # The marks follow the first state in a later refresh than the one that sets `ready`.
+        await wait_until(pilot, lambda: any(k == "outside" for _, _, k in screen.editor.marks), "the outside mark")
         await pilot.press(*["down"] * 20, "f4")
         await wait_until(pilot, lambda: window()[0] == line20, "F4")
         # Mask "the" on the first line, now outside the window: the window comes back with the mask.

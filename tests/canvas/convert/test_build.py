@@ -119,3 +119,19 @@ def test_eval_defaults_become_build_inputs_without_a_rebuild(tmp_path: Path,
     sampler, extra = build_mod._sampler_and_extra(build_mod._generation(), ar_temperature=0.7)
     assert sampler.ar_drafts == 8 and sampler.ar_temperature == 0.7 and extra == {"default_mode_infill": "ar"}
     assert not build_mod.adopt_generation(tmp_path, written)  # not a build: nothing adopted
+
+
+def test_the_base_without_fim_adapters_is_a_build_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dcanvas model build --without-fim`: named apart from the default build (never overwriting it), and its
+    fingerprint leaves out the FIM adapters, so it does not change when they do; the default's keeps them."""
+    fim = tmp_path / "fim"
+    fim.mkdir()
+    (fim / "adapters.json").write_text("{}")
+    monkeypatch.setattr(build_mod, "FIM_ADAPTERS", fim)
+    default, base = build_mod.BuildConfig(), build_mod.BuildConfig(fim=False)
+    assert base.name == default.name + "-nofim"
+    with_fim, without = build_mod.fingerprint(default, "x"), build_mod.fingerprint(base, "x")
+    assert "fim_adapters" in with_fim and "fim_adapters" not in without
+    assert "fim" not in with_fim["config"] and without["config"]["fim"] is False
+    (fim / "adapters.json").write_text('{"step": 2}')
+    assert build_mod.fingerprint(base, "x") == without and build_mod.fingerprint(default, "x") != with_fim

@@ -123,9 +123,6 @@ def test_default_build_tokens_within_bounds_on_every_kind() -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not REAL.is_file(), reason=f"no Gemma 3 tokenizer at {REAL} (`dcanvas model build` makes it)")
-@pytest.mark.xfail(reason="issue 28, open: at 96k NLL/char is 1.06x Gemma 3's on technical prose and dialogue "
-                          "(BENCHMARKS.md); strict, so it fails once the bound holds and the mark goes",
-                   strict=True)
 def test_default_build_nll_within_bounds_on_every_kind() -> None:
     """Issue 28: the converted, trimmed encoder's NLL per character within 1.05x of Gemma 3's on every kind."""
     for r in _default_build_report():

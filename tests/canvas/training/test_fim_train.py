@@ -329,3 +329,14 @@ def test_the_default_token_cache_follows_the_bases_vocabulary(fim_base: dict[str
     assert got != Path("data/tokens-fim")  # never the 64k run's cache
     args = argparse.Namespace(base=str(fim_base["base"]))
     assert resolve_fim_config(tmp_path / "new", args).tokens_dir == str(got)  # recorded in the new run's config
+
+
+def test_a_base_with_the_fim_adapters_merged_is_refused(tmp_path: Path) -> None:
+    from canvas.training.fim_train import require_plain_base
+
+    (tmp_path / "build.json").write_text(json.dumps({"fingerprint": {"fim_adapters": "abc"}}))
+    with pytest.raises(ValueError, match="--without-fim"):
+        require_plain_base(tmp_path)
+    (tmp_path / "build.json").write_text(json.dumps({"fingerprint": {"gguf_sha256": "x"}}))
+    require_plain_base(tmp_path)  # a build without them
+    require_plain_base(tmp_path / "no-such-build")  # not a build at all: the loader says what is wrong
