@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
 __all__ = ["ISA_ENV", "build_error", "build_isa", "extension"]
 
@@ -92,3 +94,19 @@ def extension(isa: str | None = None) -> ModuleType | None:
 def build_error(isa: str | None = None) -> str | None:
     """Why `extension(isa)` is None (None when it built or was not tried)."""
     return _ERRORS.get(build_isa() if isa is None else isa)
+
+
+_WARNED: set[str] = set()  # the kernels whose fallback has been reported (once per process each)
+
+
+def auto_impl(eligible: bool, built: bool, what: str) -> Literal["cpp", "ref"]:
+    """What an op's `impl="auto"` runs: "cpp" where the call can take the built kernel (`eligible`: no gradient
+    wanted, dtypes and device it handles) and it built, else "ref"; where only the build stands in the way, warns
+    once per kernel (`what` names it) with the reason, so a machine without g++ runs on, slower, and says so."""
+    if eligible and built:
+        return "cpp"
+    if eligible and what not in _WARNED:
+        _WARNED.add(what)
+        warnings.warn(f"{what} unavailable ({build_error()}); using the torch reference", RuntimeWarning,
+                      stacklevel=3)
+    return "ref"

@@ -28,14 +28,13 @@ Legend: M activation rows, K reduced dim, Kp padded K, N output channels.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from kernels._cpp import ISA_ENV, build_error, build_isa, extension
+from kernels._cpp import ISA_ENV, auto_impl, build_error, build_isa, extension
 
 __all__ = ["ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp", "q8_linear_ref",
            "quantize_activations_ref", "quantize_weight"]
@@ -44,7 +43,6 @@ Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
 QK = 32  # activation block along K
 _CHUNK = 64  # the kernel reads K in 64-byte registers: weights are padded to a multiple of this
-_WARNED = False
 
 
 def available() -> bool:
@@ -132,17 +130,7 @@ def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Imp
     lead = x.shape[:-1]
     flat = x.reshape(-1, x.shape[-1])
     if impl == "auto":
-        global _WARNED
-        if torch.is_grad_enabled() and x.requires_grad:
-            impl = "ref"
-        elif available():
-            impl = "cpp"
-        else:
-            impl = "ref"
-            if not _WARNED:
-                _WARNED = True
-                warnings.warn(f"q8 C++ kernel unavailable ({build_error()}); using the torch reference",
-                              RuntimeWarning, stacklevel=2)
+        impl = auto_impl(not (torch.is_grad_enabled() and x.requires_grad), available(), "q8 C++ kernel")
     if impl == "ref":
         _check(flat, wq, wscale)
         out = q8_linear_ref(flat, wq, wscale)

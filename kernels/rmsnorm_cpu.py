@@ -14,20 +14,18 @@ Legend: R rows (every leading dim flattened), D normalised (last) dim.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from kernels._cpp import build_error, extension
+from kernels._cpp import auto_impl, build_error, extension
 
 __all__ = ["Impl", "fused_kernel", "rms_norm_fused", "rms_norm_fused_cpp", "rms_norm_fused_ref"]
 
 Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
-_WARNED = False
 
 
 def rms_norm_fused_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -88,19 +86,10 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor | None = None, eps: flo
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     if impl == "auto":
-        global _WARNED
         grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in (x, weight, residual, scale))
-        if grads or x.dtype != torch.float32 or x.device.type != "cpu":
-            impl = "ref"
-        elif fused_kernel() is not None:
-            impl = "cpp"
-        else:
-            impl = "ref"
-            if not _WARNED:
-                _WARNED = True
-                warnings.warn(f"CPU rms_norm kernel unavailable ({build_error()}); using the torch reference",
-                              RuntimeWarning, stacklevel=2)
+        eligible = not grads and x.dtype == torch.float32 and x.device.type == "cpu"
+        impl = auto_impl(eligible, eligible and fused_kernel() is not None, "CPU rms_norm kernel")
     if impl == "ref":
         return rms_norm_fused_ref(x, weight, eps, residual, scale)
     return rms_norm_fused_cpp(x, weight, eps, residual, scale)

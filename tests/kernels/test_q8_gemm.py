@@ -138,7 +138,7 @@ def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: 
     isa = _cpp.build_isa()
     monkeypatch.setitem(_cpp._MODULES, isa, None)
     monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
-    monkeypatch.setattr(q8_gemm, "_WARNED", False)
+    monkeypatch.setattr(_cpp, "_WARNED", set())
     x, w = _inputs(2, 64, 3, gen)
     wq, ws = quantize_weight(w)
     with pytest.warns(RuntimeWarning, match="no compiler"):
