@@ -206,7 +206,9 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     """Convert `source` into the directory `out` (written as `out.partial`, then renamed in); returns the anchor
     fits."""
     steps("converting (calibrating the value anchors on the committed passages)")
-    convert = dataclasses.replace(cfg.convert, name=cfg.name)  # the model is known by its build's name
+    # The model is known by its build's name; the base without the FIM adapters by the default's (the same model
+    # before its adapters: the FIM run's checkpoint names the base it trained on and resumes on either).
+    convert = dataclasses.replace(cfg.convert, name=dataclasses.replace(cfg, fim=True).name)
     model, fits = convert_gemma3(source, calibration_ids(tok, cfg.calibration_tokens), convert)
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
