@@ -201,6 +201,22 @@ def slice_vocab(model: DiffusionModel, old_ids: torch.Tensor, **config: Any) -> 
     return out.eval()
 
 
+def _staging(out: Path) -> Path:
+    """An empty `out.partial` to write a model directory into (a leftover from an interrupted build removed)."""
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the finished `tmp` into place as `out`, replacing the previous build."""
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
 def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[str], None], *,
            adapters: bool) -> list[Any]:
     """Convert `source` into the directory `out` (written as `out.partial`, then renamed in); returns the anchor
@@ -210,10 +226,7 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     # before its adapters: the FIM run's checkpoint names the base it trained on and resumes on either).
     convert = dataclasses.replace(cfg.convert, name=dataclasses.replace(cfg, fim=True).name)
     model, fits = convert_gemma3(source, calibration_ids(tok, cfg.calibration_tokens), convert)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = _staging(out)
     if cfg.vocab_size is not None:
         from canvas.convert.vocab import trim_for_model
 
@@ -244,9 +257,7 @@ def _write(source: Any, tok: Any, cfg: BuildConfig, out: Path, steps: Callable[[
     for f in notice_files():
         shutil.copy(f, tmp / f.name)
     (tmp / "README.md").write_text(_card(cfg, model, fits))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _publish(tmp, out)
     return fits
 
 
@@ -277,10 +288,7 @@ def build_with_fim(base_dir: Path, adapters: Path, out: Path) -> Path:
     if not (adapters / "adapters.json").is_file():
         raise FileNotFoundError(f"{adapters}: no FIM adapter set (adapters.json)")
     model = apply_fim(DiffusionModel.from_pretrained(str(base_dir), dtype=torch.float32).eval(), base_dir, adapters)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = _staging(out)
     model.save_pretrained(str(tmp))
     # Only the weights change: config.json, the sampler files and the tokenizer stay the base's byte for byte.
     for f in base_dir.iterdir():
@@ -289,9 +297,7 @@ def build_with_fim(base_dir: Path, adapters: Path, out: Path) -> Path:
     fp = {**meta["fingerprint"], "fim_adapters": _digest(_files_sha(adapters))}
     (tmp / "build.json").write_text(json.dumps({**meta, "fingerprint": fp, "files": _files_sha(tmp),
                                                 "fim_from": str(adapters)}, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _publish(tmp, out)
     return out
 
 
