@@ -9,6 +9,14 @@ The four sentinels are `canvas.convert.vocab`'s FIM tokens, their ids read from 
 literals. A model has the format only when its build applied FIM adapters (`model_fim_tokens`): every vocabulary
 since the sentinels were reserved has them, trained or not. `MAX_PREFIX` / `MAX_SUFFIX` are the side lengths the
 fine-tune draws up to, so a prompt cut to them looks like what the adapters saw.
+
+Word boundaries are part of the format: the fine-tune cuts its sides at them (a token whose text starts with
+whitespace, or one after a token that ends with it; `word_boundaries`), so every prefix it saw ends where a word
+ends and every middle starts with a new word. A gap in the editor starts wherever the writer put it, and a prompt
+whose prefix ends in the middle of a word, or after a full stop the middle must follow with a space, is one the
+adapters never saw: its first middle token is a guess at which of the two the writer meant ("night.The", "exer
+cable"). `heal_split` moves the left side's last partial word out of the prefix and into the start of the middle
+(token healing), where the model reads it as text and continues it as text.
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from canvas.convert.vocab import FIM_END, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
 Order = Literal["psm", "spm"]
 SENTINELS = (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, FIM_END)
 MAX_PREFIX, MAX_SUFFIX = 192, 128  # tokens of context on each side, at most
+MAX_HEAL = 8  # tokens of a partial word `heal_split` moves at most (longer runs: code or a URL, left as they are)
 
 
 class FimUnavailable(ValueError):
@@ -103,3 +114,30 @@ def fim_prompt(tokenizer_or_ids: Any, left_ids: Sequence[int], right_ids: Sequen
     if order == "spm":
         return [t.bos, t.prefix, t.suffix, *right_ids, t.middle, *left]
     raise ValueError(f"order must be 'psm' or 'spm', got {order!r}")
+
+
+WordEdges = tuple[np.ndarray, np.ndarray]  # per id: starts with whitespace, ends with whitespace (bool (V,) each)
+
+
+def word_boundaries(tokenizer: Any) -> WordEdges:
+    """Per vocabulary id: does its text start with whitespace, does it end with whitespace (bool (V,) each)."""
+    raw = tokenizer if hasattr(tokenizer, "decode_batch") else tokenizer.backend_tokenizer
+    n = raw.get_vocab_size(with_added_tokens=True)
+    texts = raw.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+    starts = np.fromiter((bool(s) and s[0].isspace() for s in texts), dtype=bool, count=n)
+    ends = np.fromiter((bool(s) and s[-1].isspace() for s in texts), dtype=bool, count=n)
+    return starts, ends
+
+
+def heal_split(left: Sequence[int], starts_word: np.ndarray, ends_word: np.ndarray, limit: int = MAX_HEAL) -> int:
+    """How many trailing tokens of `left` to move from a FIM prompt's prefix to the start of its middle, so that
+    the prefix ends at a word boundary as every prefix the fine-tune saw did: the tokens after the last boundary
+    that `left` itself shows (0 when its last token ends with whitespace, or when that run is longer than `limit`
+    or is all of `left`). `starts_word` / `ends_word`: `word_boundaries`."""
+    n = len(left)
+    if n == 0 or ends_word[left[-1]]:
+        return 0
+    for j in range(n - 1, max(0, n - limit) - 1, -1):  # the boundary before left[j], nearest the end first
+        if j > 0 and (starts_word[left[j]] or ends_word[left[j - 1]]):
+            return n - j
+    return 0

@@ -13,7 +13,8 @@ filled to its end: the plain AR fill. A later gap sees the chosen fill of earlie
 
 FIM (the model has the fill-in-the-middle format and `SamplerConfig.fim` allows it): a scored gap's lanes draft in
 the FIM frame instead, from one prefill of `fim_prompt(left, right)` (the row's text before the gap, the pinned run
-after it, both cut to the lengths the fine-tune saw), each lane writing the middle until `<|fim_end|>` (never
+after it, both cut to the lengths the fine-tune saw; with `word_edges`, the left side's last partial word moved to
+the start of the middle, `canvas.convert.fim.heal_split`), each lane writing the middle until `<|fim_end|>` (never
 before `ar_min_fill` of the gap) or the budget. Every FIM lane has a plain shadow row in the batch, fed the same
 tokens after the row's plain context: the seam is still scored by the plain AR likelihood of the right side's first
 tokens after left + middle (the adapters are merged into the weights, so they are on in both frames). Why: the
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, fim_prompt
+from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, WordEdges, fim_prompt, heal_split
 from canvas.engine.types import Drafts
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampling.sampler import SamplerConfig, truncate_logits
@@ -82,12 +83,13 @@ class ARWalk:
     def __init__(self, model: DiffusionModel, cfg: SamplerConfig, ctx: KVCache, last: Tensor, canvas: Tensor,
                  argmax: Tensor, pinned: Tensor, used: int, generator: torch.Generator, *, keep_context: bool,
                  room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = (),
-                 context: Sequence[int] = (), fim: FimTokens | None = None) -> None:
+                 context: Sequence[int] = (), fim: FimTokens | None = None,
+                 word_edges: WordEdges | None = None) -> None:
         self.model, self.cfg, self.ctx, self.last = model, cfg, ctx, last
         self.canvas, self.argmax, self.pinned, self.used = canvas, argmax, pinned, used
         self.generator, self.keep_context, self.room = generator, keep_context, room
         self.clause_ends, self.avoid = clause_ends, list(avoid)
-        self.history, self.fim = list(context), fim
+        self.history, self.fim, self.word_edges = list(context), fim, word_edges
         self.pos = 0  # the next slot to walk
         self.gaps_done = 0
         self.forwards = self.generated = 0
@@ -184,7 +186,10 @@ class ARWalk:
         first = self.last
         self.fim_cache = None
         if scored and self.fim is not None:
-            prompt = fim_prompt(self.fim, self.history[-_FIM_LEFT:], right[:_FIM_RIGHT].tolist())
+            left = self.history[-_FIM_LEFT:]
+            # Token healing (`heal_split`): the left side's last partial word opens the middle instead, as text.
+            h = heal_split(left, *self.word_edges) if self.word_edges is not None else 0
+            prompt = fim_prompt(self.fim, left[: len(left) - h], right[:_FIM_RIGHT].tolist()) + left[len(left) - h :]
             self.fim_cache = self.model.new_cache(1, len(prompt) + g)
             out, _ = self.model.encode(torch.tensor([prompt], device=dev), cache=self.fim_cache, logits="last")
             assert out is not None

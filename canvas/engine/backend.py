@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from canvas.convert.fim import WordEdges
 from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
 from canvas.engine.ar import clause_end_ids
 from canvas.engine.core import Engine, GenRequest
@@ -144,7 +147,7 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     (`canvas.model.decode`)."""
     from transformers import AutoTokenizer
 
-    from canvas.convert.fim import model_fim_tokens
+    from canvas.convert.fim import model_fim_tokens, word_boundaries
     from canvas.model import load_pretrained
     from canvas.model.cpu import configure_allocator, configure_threads, parameter_count, resolve_dtype
     from canvas.model.decode import attach_compiler, compile_setting
@@ -169,9 +172,10 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     clause_ends = clause_end_ids(tok.convert_ids_to_tokens(list(range(model.config.vocab_size))))
     # Whether AR infills may prompt with the FIM format: the build applied FIM adapters (never the vocabulary alone).
     fim = model_fim_tokens(path, tok)
+    edges = _padded(word_boundaries(tok), model.config.vocab_size) if fim is not None else None
     return Backend(
         name=model.config.name or path.name,
-        local_engine=Engine(model, max_batch=max_batch, clause_ends=clause_ends, fim=fim),
+        local_engine=Engine(model, max_batch=max_batch, clause_ends=clause_ends, fim=fim, word_edges=edges),
         tokenizer=HFTokenizer(tok),
         canvas_length=model.config.canvas_length,
         bos_id=bos_id,
@@ -214,3 +218,9 @@ def write_tiny_checkpoint(path: str | Path, *, seed: int = 0, canvas_length: int
     save_pretrained(DiffusionModel(cfg), out)
     save_tokenizer(tok, out)
     return out
+
+
+def _padded(edges: WordEdges, vocab: int) -> WordEdges:
+    """The word edges of every id the model can write (ids past the tokenizer's, if the model pads its vocabulary,
+    have no text: neither edge)."""
+    return tuple(np.pad(e[:vocab], (0, max(0, vocab - e.size))) for e in edges)  # type: ignore[return-value]

@@ -40,7 +40,7 @@ from collections.abc import Callable, Hashable
 import torch
 from torch import Tensor
 
-from canvas.convert.fim import FimTokens
+from canvas.convert.fim import FimTokens, WordEdges
 from canvas.engine.ar import ARBatch, ARWalk
 from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
@@ -123,11 +123,14 @@ class _Row:
 class Engine:
     def __init__(self, model: DiffusionModel, *, max_batch: int = 8, context_cache_size: int = 16,
                  noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
-                 clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None) -> None:
+                 clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None,
+                 word_edges: WordEdges | None = None) -> None:
         """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
         end after them); None spaces an AR infill's candidate endings evenly instead. `fim`: the FIM ids when the
         model has the FIM format (`canvas.convert.fim.model_fim_tokens`): AR infills then prompt with it unless a
-        request's `SamplerConfig.fim` is False; None refuses requests that require it."""
+        request's `SamplerConfig.fim` is False; None refuses requests that require it. `word_edges`: which ids start
+        and end with whitespace (`canvas.convert.fim.word_boundaries`), for the FIM prompt's token healing; None
+        prompts with the left side as it is."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model.eval()
@@ -151,7 +154,14 @@ class Engine:
         self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
         self.clause_ends = clause_ends
         self.fim = fim
+        self.word_edges = word_edges
         self._ar = ARBatch(model)
+
+    def twin(self, *, max_batch: int = 1, context_cache_size: int = 16) -> Engine:
+        """A new engine on the same model with the same tokenizer facts (clause ends, FIM format, word edges): for a
+        caller that runs requests on its own thread of control (an evaluation, a one-off generation)."""
+        return Engine(self.model, max_batch=max_batch, context_cache_size=context_cache_size,
+                      clause_ends=self.clause_ends, fim=self.fim, word_edges=self.word_edges)
 
     # ---- public API ------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
@@ -445,7 +455,7 @@ class Engine:
             row.ar = ARWalk(self.model, row.cfg, row.cache, row.last_logits, row.canvas, row.argmax, row.pinned,
                             row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
                             clause_ends=self.clause_ends, avoid=row.req.avoid, context=row.req.context_ids,
-                            fim=self.fim if row.cfg.fim is not False else None)
+                            fim=self.fim if row.cfg.fim is not False else None, word_edges=self.word_edges)
         walk = row.ar
         before = walk.forwards
         if not walk.drafting:

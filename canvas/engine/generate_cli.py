@@ -167,7 +167,7 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
 
     from canvas.document import Document, DocumentError
     from canvas.engine.backend import load_backend
-    from canvas.engine.core import Engine, Frame
+    from canvas.engine.core import Frame
     from canvas.sampling.modes import mode_label
 
     backend = load_backend(model_dir, max_batch=1)
@@ -196,8 +196,7 @@ def _infill(model_dir: Path, text: str, spans: list[tuple[int, int]], config: An
             draft = [t for t in event.draft[: len(view.slot_ids)] if t != backend.null_id]
             live.update(Text(f"step {event.step}/{event.max_steps}  {backend.tokenizer.decode(draft)}"))
 
-    engine = Engine(backend.engine.model, max_batch=1, clause_ends=backend.engine.clause_ends,
-                    fim=backend.engine.fim)
+    engine = backend.engine.twin(max_batch=1)
     handle = engine.submit(backend.request(view, config), on_event)
     engine.run_until_idle()
     done = handle.wait(0)

@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 from canvas.document import Document, Proposal
 from canvas.eval.judge import SpanScore
-from canvas.eval.metrics import AR_SETTINGS, Point, Record, Variant, pool, repeated_4grams
+from canvas.eval.metrics import AR_SETTINGS, Point, Record, Variant, join_faults, pool, repeated_4grams
 from canvas.eval.samples import CONTINUATION, EvalError, Sample, build_samples, read_documents, read_texts
 from canvas.sampling.modes import KINDS, MODES, Kind
 from canvas.sampling.sampler import Mode, SamplerConfig
 
 if TYPE_CHECKING:
     from canvas.engine.backend import Backend
-    from canvas.engine.core import Done, Engine
+    from canvas.engine.core import Done
     from canvas.eval.judge import Judge
 
 DEFAULT_DATA = Path("data/corpus/valid.jsonl")
@@ -154,14 +154,11 @@ class Evaluator:
     the sweep reuses the main runs where the settings coincide."""
 
     def __init__(self, backend: Backend, judge: Judge, cfg: EvalConfig, progress: Progress | None = None) -> None:
-        from canvas.engine.core import Engine
-
         self.backend, self.judge, self.cfg = backend, judge, cfg
-        self.engine: Engine = Engine(backend.engine.model, max_batch=1, context_cache_size=0,
-                                     clause_ends=backend.engine.clause_ends, fim=backend.engine.fim)
+        self.engine = backend.engine.twin(max_batch=1, context_cache_size=0)
         self.progress = progress
         self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
-        self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int]]] = {}
+        self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int], tuple[int, int]]] = {}
 
     def warm_up(self, sample: Sample) -> None:
         self._generate(sample.document(self.backend), SamplerConfig(max_steps=2, seed=0))
@@ -182,6 +179,11 @@ class Evaluator:
         seam = self.cfg.seam_tokens if sample.gap is not None else 0
         return self.judge.score(full, proposal.start, proposal.start + len(new_text), seam_tokens=seam)
 
+    @staticmethod
+    def _joins(doc: Document, proposal: Proposal, text: str) -> tuple[int, int]:
+        """`join_faults` of `text` in the proposal's span; a continuation's only join is the one before it."""
+        return join_faults(doc.text[: proposal.start], text, doc.text[proposal.end :])
+
     def record(self, sample: Sample, index: int, variant: Variant, max_steps: int, bound: float) -> Record:
         key = (sample.task, variant, max_steps, bound, index)
         if key in self._records:
@@ -200,13 +202,15 @@ class Evaluator:
         if hkey not in self._human:
             human = proposal.old_text if sample.gap is not None else sample.reference
             ids = self.backend.tokenizer.encode(human).ids
-            self._human[hkey] = self._score(sample, doc, proposal, human), repeated_4grams(ids)
-        human_score, human_repeats = self._human[hkey]
+            self._human[hkey] = (self._score(sample, doc, proposal, human), repeated_4grams(ids),
+                                 self._joins(doc, proposal, human))
+        human_score, human_repeats, human_joins = self._human[hkey]
         rec = Record(
             sample.task, variant.mode, max_steps, bound, index, sample.doc_id, region.slot_end - region.slot_start,
             len(region.ids), sum(t == self.backend.null_id for t in free_ids), eos is not None and eos in free_ids,
             done.steps, done.forwards, done.generated, wall, self._score(sample, doc, proposal, region.text),
-            human_score, repeated_4grams(region.ids), human_repeats, region.text, **variant.settings(),
+            human_score, repeated_4grams(region.ids), human_repeats, region.text,
+            self._joins(doc, proposal, region.text), human_joins, **variant.settings(),
         )  # fmt: skip
         self._records[key] = rec
         return rec

@@ -8,11 +8,15 @@ Repetition is the share of repeated 4-grams of model tokens; the human text's is
 tokens. Targets (issue 29): fill ratio within `FILL_RANGE`, seam ratio at most `SEAM_MAX`, repetition within
 `REPEAT_POINTS` of the human text's, and the speed bounds of `speed_bound`; a fill ratio under the range's floor
 with more repetition than the human text is degenerate (low perplexity bought with loops), never better than human.
+Joins (`join_faults`): what a reader sees at an infill's two edges that a judge's perplexity barely weighs (one odd
+token among dozens), counted beside the human text's faults at the same places: "night.The" (a word glued to
+punctuation), "night. and" (a lowercase sentence start) and doubled spaces.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +102,8 @@ class Record:
     repeats: tuple[int, int]  # (repeated 4-grams, 4-grams) of the generated tokens
     human_repeats: tuple[int, int]  # the same of the human text's tokens
     text: str = field(repr=False)
+    joins: tuple[int, int] = (0, 0)  # (faults, joins) at the fill's edges (`join_faults`)
+    human_joins: tuple[int, int] = (0, 0)  # the same of the human text in its place
     ar_drafts: int | None = None  # the variant's AR settings (None: the model's own)
     ar_seam_tokens: int | None = None
     ar_temperature: float | None = None
@@ -132,6 +138,8 @@ class Point:
     repeat_4gram: float
     repeat_4gram_human: float
     degenerate: bool  # fill ratio under the target's floor with more repetition than the human text
+    join_faults: float = math.nan  # share of an infill's joins with a fault (`join_faults`; NaN: none measured)
+    join_faults_human: float = math.nan
     ar_drafts: int | None = None
     ar_seam_tokens: int | None = None
     ar_temperature: float | None = None
@@ -168,6 +176,9 @@ def pool(records: Sequence[Record]) -> Point:
     fill = _ratio(span, span_h)
     n = len(records)
     variant = Variant.of(r0)
+    joins = sum(r.joins[1] for r in records)
+    faults = (sum(r.joins[0] for r in records) / joins, sum(r.human_joins[0] for r in records) / joins) if joins \
+        else (math.nan, math.nan)
     return Point(
         r0.task, r0.mode, variant.label, r0.max_steps, r0.entropy_bound, n, p, ph, _ratio(p, ph),
         span, span_h, fill, seam, seam_h, _ratio(seam, seam_h),
@@ -175,7 +186,7 @@ def pool(records: Sequence[Record]) -> Point:
         sum(r.wall_s for r in records) / n, sum(r.steps for r in records) / n,
         sum(r.nulls for r in records) / max(1, sum(r.slots for r in records)),
         sum(r.nulls == 0 and not r.eos for r in records) / n,
-        rep, rep_h, is_degenerate(fill, rep, rep_h), **variant.settings(),
+        rep, rep_h, is_degenerate(fill, rep, rep_h), *faults, **variant.settings(),
     )  # fmt: skip
 
 
@@ -184,14 +195,39 @@ def repeated_4grams(ids: Sequence[int]) -> tuple[int, int]:
     return len(grams) - len(set(grams)), len(grams)
 
 
+_GLUE = ".!?;:,"  # punctuation a word never follows without a space (in prose; numbers aside: a letter must follow)
+_SENTENCE_END = re.compile(r"[.!?][\"')\]\u201d\u2019]*$")
+
+
+def _join_fault(a: str, b: str) -> bool:
+    """Whether the join of text `a` then text `b` (both non-empty) shows a fault: a letter right after clause or
+    sentence punctuation, a sentence starting lowercase, or a doubled space."""
+    if a[-1] in _GLUE and b[0].isalpha():
+        return True
+    if a[-1] == " " and b[0] == " ":
+        return True
+    if (a[-1].isspace() or b[0].isspace()) and _SENTENCE_END.search(a.rstrip()):
+        word = b.lstrip()
+        return bool(word) and word[0].islower()
+    return False
+
+
+def join_faults(before: str, middle: str, after: str) -> tuple[int, int]:
+    """(faults, joins) of `middle` written between `before` and `after`: its two joins, or, for an empty middle, the
+    one where the sides meet; a join with nothing on one side is not counted."""
+    pairs = [(before, middle), (middle, after)] if middle else [(before, after)]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    return sum(_join_fault(a, b) for a, b in pairs), len(pairs)
+
+
 def headline(results: Sequence[dict[str, Any]], variants: dict[str, str]) -> list[dict[str, Any]]:
     """The results of the variants the headline shows (`variants`: kind -> variant label), one row per task."""
     keys = ("task", "variant", "fill_ratio", "seam_ratio", "repeat_4gram", "repeat_4gram_human", "null_share",
-            "seconds_per_canvas", "degenerate")  # fmt: skip
+            "seconds_per_canvas", "degenerate", "join_faults", "join_faults_human")  # fmt: skip
     kind = {True: "continuation", False: "infill"}
     tasks = list(dict.fromkeys(p["task"] for p in results))  # in the order the eval ran them
     rows = [p for p in results if p["variant"] == variants[kind[p["task"] == CONTINUATION]]]
-    return [{k: p[k] for k in keys} for p in sorted(rows, key=lambda p: tasks.index(p["task"]))]
+    return [{k: p.get(k, math.nan) for k in keys} for p in sorted(rows, key=lambda p: tasks.index(p["task"]))]
 
 
 def _met(value: float, low: float | None, high: float | None) -> bool:

@@ -49,9 +49,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"flagged), seam ratio <= {SEAM_MAX:g}, repeated 4-grams within {100 * REPEAT_POINTS:.0f} points of the human "
         f"text's, seconds per infill ({bounds}).",
         "",
-        "| task | variant | steps / bound | n | fill ratio | seam ratio | repeated 4-grams (human) | null slots "
-        "| s/canvas | tokens/forward | steps | exact length | fill+seam ratio | flag |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| task | variant | steps / bound | n | fill ratio | seam ratio | repeated 4-grams (human) "
+        "| join faults (human) | null slots | s/canvas | tokens/forward | steps | exact length | fill+seam ratio "
+        "| flag |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in result["results"]:
         settings = "" if p["mode"] == "ar" else f"{p['max_steps']} / {p['entropy_bound']:g}"
@@ -59,6 +60,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | {_f(p['fill_ratio'])} | "
             f"{_f(p['seam_ratio'])} | {_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
+            f"{_pct(p.get('join_faults', math.nan))} ({_pct(p.get('join_faults_human', math.nan))}) | "
             f"{_pct(p['null_share'])} | {_f(p['seconds_per_canvas'])} | {_f(p['tokens_per_forward'])} | "
             f"{_f(p['steps_per_canvas'], 1)} | {_pct(p['exact_length'])} | {_f(p['ratio'])} | {flag} |"
         )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -59,15 +58,6 @@ class FimDataConfig:
         if not 8 <= self.min_fim_piece <= self.seq_len:
             raise ValueError(f"need 8 <= min_fim_piece <= seq_len, got {self.min_fim_piece} and {self.seq_len}")
 
-
-def word_boundaries(tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Per vocabulary id: does its text start with whitespace, does it end with whitespace (bool (V,) each)."""
-    raw = tokenizer if hasattr(tokenizer, "decode_batch") else tokenizer.backend_tokenizer
-    n = raw.get_vocab_size(with_added_tokens=True)
-    texts = raw.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
-    starts = np.fromiter((bool(s) and s[0].isspace() for s in texts), dtype=bool, count=n)
-    ends = np.fromiter((bool(s) and s[-1].isspace() for s in texts), dtype=bool, count=n)
-    return starts, ends
 
 
 @dataclass(frozen=True, slots=True)

@@ -382,7 +382,7 @@ class FimTrainer:
     def __init__(self, run_dir: Path, cfg: FimTrainConfig, *, device: str = "cpu") -> None:
         from tokenizers import Tokenizer
 
-        from canvas.training.fim import word_boundaries
+        from canvas.convert.fim import word_boundaries
 
         require_plain_base(Path(cfg.base))
         self.run_dir, self.cfg, self.device = run_dir, cfg, torch.device(device)

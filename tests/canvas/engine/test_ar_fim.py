@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,6 +67,30 @@ def test_fim_lanes_read_the_fim_prompt(model: DiffusionModel) -> None:
         want.append(int(last.argmax()))
     assert list(done.canvases[0][left : left + gap]) == want
     assert done.mode == "ar-infill"
+
+
+def test_token_healing_moves_the_partial_word_into_the_middle(model: DiffusionModel) -> None:
+    """With word edges, the left side's last partial word opens the middle of the FIM prompt (`heal_split`): the
+    greedy draft is the middle after `fim_prompt(left minus that word, right) + that word`, and only the drafted
+    tokens are written to the gap."""
+    ctx, left, gap, right = (2, 5, 11), 3, 6, 4
+    req = infill(ctx, left, gap, right, ar_drafts=1, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1, ar_no_repeat=0)
+    V = model.config.vocab_size
+    starts, ends = np.zeros(V, dtype=bool), np.zeros(V, dtype=bool)
+    word = req.slot_ids[left - 2 : left]  # the last two left tokens: a word that starts with whitespace, then more
+    starts[word[0]] = True
+    (done,), _ = run(Engine(model, fim=FIM, word_edges=(starts, ends)), [req])
+    plain_left = [*ctx, *req.slot_ids[:left]]
+    prompt = fim_prompt(FIM, plain_left[:-2], list(req.slot_ids[left + gap :])) + list(word)
+    want: list[int] = []
+    for _ in range(gap):
+        logits, _ = model.encode(torch.tensor([prompt + want]), logits="last")
+        assert logits is not None
+        last = logits[0, -1].clone()
+        last[[NULL, *model.config.eos_token_ids, *FIM.sentinels, FIM.bos]] = -math.inf
+        want.append(int(last.argmax()))
+    assert list(done.canvases[0][left : left + gap]) == want
+    assert list(done.canvases[0][:left]) == list(req.slot_ids[:left])
 
 
 def test_the_seam_is_scored_in_the_plain_frame(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from canvas.convert.fim import FimUnavailable, end_token_id, fim_prompt, fim_tokens
+from canvas.convert.fim import FimUnavailable, end_token_id, fim_prompt, fim_tokens, word_boundaries
 from canvas.model import DiffusionModel
-from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, sample_rows, word_boundaries
+from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, sample_rows
 from canvas.training.tokens import TokenArrays
 
 DATA = FimDataConfig(seq_len=96, max_middle=24, max_prefix=20, max_suffix=16, min_fim_piece=12)
