@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from canvas.convert.fim import recorded_fim_adapters
 from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
 from canvas.convert.source import GGUF_PACKAGE, cache_hf, gguf_from_wheels, load_gemma3, notice_files, sha256_file
 from canvas.model import DiffusionModel
@@ -283,7 +284,7 @@ def build_with_fim(base_dir: Path, adapters: Path, out: Path) -> Path:
     if not record.is_file():
         raise FileNotFoundError(f"{base_dir}: not a build (no build.json); pass a `dcanvas model build` directory")
     meta = json.loads(record.read_text(encoding="utf-8"))
-    if meta["fingerprint"].get("fim_adapters"):
+    if recorded_fim_adapters(base_dir) is not None:
         raise ValueError(f"{base_dir}: already has FIM adapters; pass the build without them")
     if not (adapters / "adapters.json").is_file():
         raise FileNotFoundError(f"{adapters}: no FIM adapter set (adapters.json)")

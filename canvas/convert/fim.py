@@ -78,17 +78,24 @@ def fim_tokens(tokenizer: Any) -> FimTokens:
     return FimTokens(pre, suf, mid, end, bos=special["bos"], pad=special["pad"], eos=special["eos"])
 
 
-def model_fim_tokens(model_dir: str | Path, tokenizer: Any) -> FimTokens | None:
-    """The FIM ids when the model in `model_dir` has the FIM format: its build applied FIM adapters (`build.json`
-    records them as `fim_adapters`) and its tokenizer has the sentinels; else None. The sentinels alone say
-    nothing: every vocabulary since they were reserved has them, trained or not."""
+def recorded_fim_adapters(model_dir: str | Path) -> str | None:
+    """The hash of the FIM adapter set the build in `model_dir` merged, as its `build.json` records it; None when
+    it merged none, or the directory has no readable record (converted or trained here: never FIM)."""
     record = Path(model_dir) / "build.json"
     try:
         meta = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else {}
     except ValueError:
         return None
     fingerprint = meta.get("fingerprint") if isinstance(meta, dict) else None
-    if not isinstance(fingerprint, dict) or not fingerprint.get("fim_adapters"):
+    found = fingerprint.get("fim_adapters") if isinstance(fingerprint, dict) else None
+    return str(found) if found else None
+
+
+def model_fim_tokens(model_dir: str | Path, tokenizer: Any) -> FimTokens | None:
+    """The FIM ids when the model in `model_dir` has the FIM format: its build applied FIM adapters
+    (`recorded_fim_adapters`) and its tokenizer has the sentinels; else None. The sentinels alone say nothing:
+    every vocabulary since they were reserved has them, trained or not."""
+    if recorded_fim_adapters(model_dir) is None:
         return None
     try:
         return fim_tokens(tokenizer)

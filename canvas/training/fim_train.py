@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
-from canvas.convert.fim import SENTINELS
+from canvas.convert.fim import SENTINELS, recorded_fim_adapters
 from canvas.model import DiffusionModel
 from canvas.training.adapt import LoRA, _owner
 from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
@@ -372,8 +372,7 @@ def uses_bf16(cfg: FimTrainConfig, device: torch.device) -> bool:
 def require_plain_base(base: Path) -> None:
     """Refuse a base build that already merged FIM adapters (its `build.json` records them): the run's adapters
     would train on top of a copy of themselves, and its plain anchor would hold the wrong model."""
-    record = base / "build.json"
-    if record.is_file() and json.loads(record.read_text(encoding="utf-8"))["fingerprint"].get("fim_adapters"):
+    if recorded_fim_adapters(base) is not None:
         raise ValueError(f"{base}: this build already has the FIM adapters merged; fine-tune the build without them "
                          "(`dcanvas model build --without-fim` prints its directory)")
 
