@@ -18,12 +18,15 @@ to the nearest integer (ties to even), d = max|x_block| / 127 per block of 32 al
 in [-127, 127] per output channel. The kernel's block dot products are exact; its fp32 accumulation order differs
 from the reference's, so the two agree to fp32 rounding, not bit for bit.
 
-Layout (what `quantize_weight` returns): wq (N, Kp) uint8 = q + 128, Kp = K rounded up to 64 (the padding columns
-are 128, i.e. q = 0), wscale (N,) fp32. Any K: the activations are read as zero-padded to Kp (so a K that is not a
-multiple of 32 ends in a shorter block: the converted Gemma's attention output has K = 4 x 258). The width only
-bounds K (any K in (Kp - 64, Kp] fits it): the caller passes the K the weight was built with (`Int8Linear` does).
+Layout (what `quantize_weight` returns): wq (G, Kp / 4, 64) uint8, the weights + 128 packed in groups of 16
+output channels, byte [g, k4, 4 c + j] = q[16 g + c, 4 k4 + j] + 128 (one `vpdpbusd` operand: 4 bytes of K for 16
+channels), Kp = K rounded up to 32, G = ceil(N / 16); padding columns and channels are 128 (q = 0); wscale (N,)
+fp32, whose length is N. `unpack_weight` gives back the (N, Kp) uint8 matrix. Any K: the activations are read as
+zero-padded to Kp (so a K that is not a multiple of 32 ends in a shorter block: the converted Gemma's attention
+output has K = 4 x 258). The width only bounds K (any K in (Kp - 32, Kp] fits it): the caller passes the K the
+weight was built with (`Int8Linear` does).
 
-Legend: M activation rows, K reduced dim, Kp padded K, N output channels.
+Legend: M activation rows, K reduced dim, Kp padded K, N output channels, G groups of 16 channels.
 """
 
 from __future__ import annotations
@@ -36,13 +39,13 @@ import torch.nn.functional as F
 
 from kernels._cpp import ISA_ENV, auto_impl, build_error, build_isa, extension
 
-__all__ = ["ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp", "q8_linear_ref",
-           "quantize_activations_ref", "quantize_weight"]
+__all__ = ["GROUP", "ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp",
+           "q8_linear_ref", "quantize_activations_ref", "quantize_weight", "unpack_weight"]
 
 Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
-QK = 32  # activation block along K
-_CHUNK = 64  # the kernel reads K in 64-byte registers: weights are padded to a multiple of this
+QK = 32  # activation block along K; weights are padded to a multiple of it
+GROUP = 16  # output channels per packed group: the 16 int32 lanes of one 512-bit register
 
 
 def available() -> bool:
@@ -59,7 +62,7 @@ def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tenso
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (N, K) fp32 -> (wq (N, Kp) uint8 = q + 128, padded with 128 to a multiple of 64; wscale (N,) fp32):
+    """w (N, K) fp32 -> (wq (G, Kp / 4, 64) uint8, the packed layout of the module docstring; wscale (N,) fp32):
     symmetric per output channel, q = round(w / scale) in [-127, 127]; an all-zero row keeps scale 1."""
     if w.dim() != 2 or w.dtype != torch.float32 or w.shape[1] == 0:
         raise ValueError(f"quantize_weight takes a 2-D fp32 weight with K > 0, got {tuple(w.shape)} {w.dtype}")
@@ -68,9 +71,16 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = w.abs().amax(dim=1)  # (N,)
     scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
     q = (w / scale[:, None]).round_().clamp_(-127, 127).add_(128).to(torch.uint8)  # (N, K)
-    pad = -K % _CHUNK
-    wq = F.pad(q, (0, pad), value=128) if pad else q.contiguous()  # (N, Kp)
-    return wq, scale.float().contiguous()
+    q = F.pad(q, (0, -K % QK, 0, -N % GROUP), value=128)  # (G * 16, Kp)
+    G, Kp = q.shape[0] // GROUP, q.shape[1]
+    wq = q.view(G, GROUP, Kp // 4, 4).transpose(1, 2).reshape(G, Kp // 4, GROUP * 4)  # (G, Kp / 4, 64)
+    return wq.contiguous(), scale.float().contiguous()
+
+
+def unpack_weight(wq: torch.Tensor, N: int) -> torch.Tensor:
+    """The packed wq (G, Kp / 4, 64) -> the (N, Kp) uint8 matrix q + 128 it holds."""
+    G, K4, _ = wq.shape
+    return wq.view(G, K4, GROUP, 4).transpose(1, 2).reshape(G * GROUP, K4 * 4)[:N]
 
 
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,27 +96,28 @@ def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 def q8_linear_ref(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
     """Torch reference: x (M, K) fp32, wq (N, Kp) uint8, wscale (N,) -> (M, N) fp32, the module's numerics.
 
-    Bytes: read M*K*4 + N*Kp + N*4, write M*N*4. FLOPs: 2*M*N*K (plus the dequantisation, O(M*K + N*K)).
+    Bytes: read M*K*4 + G*16*Kp + N*4, write M*N*4. FLOPs: 2*M*N*K (plus the dequantisation, O(M*K + N*K)).
     """
     M, K = x.shape
     q, d = quantize_activations_ref(x.float())  # (M, K32), (M, K32 / 32)
     xd = (q.view(M, -1, QK) * d[..., None]).view(M, -1)[:, :K]  # (M, K) dequantised activations
-    w = (wq[:, :K].float() - 128) * wscale[:, None]  # (N, K)
+    w = (unpack_weight(wq, wscale.shape[0])[:, :K].float() - 128) * wscale[:, None]  # (N, K)
     return xd @ w.t()
 
 
 def _check(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> None:
     if x.dim() != 2 or x.dtype != torch.float32:
         raise ValueError(f"x must be (M, K) fp32, got {tuple(x.shape)} {x.dtype}")
-    if wq.dim() != 2 or wq.dtype != torch.uint8:
-        raise ValueError(f"wq must be (N, Kp) uint8 from quantize_weight, got {tuple(wq.shape)} {wq.dtype}")
-    if wscale.shape != (wq.shape[0],) or wscale.dtype != torch.float32:
-        raise ValueError(f"wscale must be ({wq.shape[0]},) fp32, got {tuple(wscale.shape)} {wscale.dtype}")
+    if wq.dim() != 3 or wq.shape[2] != 4 * GROUP or wq.dtype != torch.uint8:
+        raise ValueError(f"wq must be (G, Kp / 4, 64) uint8 from quantize_weight, got {tuple(wq.shape)} {wq.dtype}")
+    if wscale.dim() != 1 or wscale.dtype != torch.float32 or -(-wscale.shape[0] // GROUP) != wq.shape[0]:
+        raise ValueError(f"wscale must be (N,) fp32 with ceil(N / 16) = {wq.shape[0]} groups, got "
+                         f"{tuple(wscale.shape)} {wscale.dtype}")
     K = x.shape[1]
     if K == 0:
         raise ValueError("K must be > 0")
-    if wq.shape[1] != K + (-K % _CHUNK):
-        raise ValueError(f"wq is {wq.shape[1]} wide; K={K} needs {K + (-K % _CHUNK)} (quantize_weight's padding)")
+    if wq.shape[1] * 4 != K + (-K % QK):
+        raise ValueError(f"wq is {wq.shape[1] * 4} wide; K={K} needs {K + (-K % QK)} (quantize_weight's padding)")
     if any(t.device.type != "cpu" for t in (x, wq, wscale)):
         raise ValueError("q8_linear runs on CPU tensors only")
 
@@ -123,7 +134,7 @@ def q8_linear_cpp(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> to
 
 
 def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Impl = "auto") -> torch.Tensor:
-    """x (..., K) fp32 @ the Q8 weight (N, Kp) -> (..., N) fp32. "auto": the C++ kernel where it built (a warning,
+    """x (..., K) fp32 @ the Q8 weight (`quantize_weight`'s) -> (..., N) fp32. "auto": the C++ kernel where it built (a warning,
     once, where it did not) and no input needs grad, else the reference."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
@@ -136,4 +147,4 @@ def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Imp
         out = q8_linear_ref(flat, wq, wscale)
     else:
         out = q8_linear_cpp(flat, wq, wscale)
-    return out.view(*lead, wq.shape[0])
+    return out.view(*lead, wscale.shape[0])

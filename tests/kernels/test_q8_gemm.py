@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from kernels import _cpp, q8_gemm
-from kernels.q8_gemm import q8_linear, q8_linear_ref, quantize_activations_ref, quantize_weight
+from kernels.q8_gemm import q8_linear, q8_linear_ref, quantize_activations_ref, quantize_weight, unpack_weight
 
 needs_kernel = pytest.mark.skipif(not q8_gemm.available(), reason="the q8 C++ kernel does not build here")
 
-# M rows (decode 1..16, prefill 256), K (96 and 160: not multiples of the 64-byte register; 1032 (the converted
-# Gemma's attention output, 4 x 258), 7 and 45: not even of the block of 32, a short last block), N (tails of the
-# 4-channel tile).
+# M rows (decode 1..16 and the tails of the 3- and 4-row tiles, prefill 256), K (1032: the converted Gemma's
+# attention output, 4 x 258; 7, 45, 1030: not multiples of the block of 32, a short last block), N (tails of the
+# 16-channel group and of the 3- and 4-group tiles).
 SHAPES = [(1, 32, 1), (1, 640, 1536), (3, 96, 33), (8, 2048, 640), (16, 640, 4099), (256, 160, 70), (5, 1032, 7),
-          (2, 7, 3), (3, 45, 9)]
+          (2, 7, 3), (3, 45, 9), (6, 1030, 100), (7, 64, 200), (2, 640, 1548)]
 
 
 def _inputs(M: int, K: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,14 +28,15 @@ def _inputs(M: int, K: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor,
 def _oracle(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
     """Loop oracle: integer dot products block by block, in float64."""
     M, K = x.shape
-    N = wq.shape[0]
+    N = wscale.shape[0]
+    wm = unpack_weight(wq, N)  # (N, Kp)
     out = torch.zeros(M, N, dtype=torch.float64)
     for m in range(M):
         for b in range((K + 31) // 32):
             blk = x[m, b * 32 : (b + 1) * 32].double()  # the last one may be short
             d = float(blk.abs().max()) / 127
             q = torch.round(blk / d).long() if d > 0 else torch.zeros(len(blk), dtype=torch.long)
-            w = wq[:, b * 32 : b * 32 + len(blk)].long() - 128  # (N, <= 32)
+            w = wm[:, b * 32 : b * 32 + len(blk)].long() - 128  # (N, <= 32)
             out[m] += (w @ q).double() * d
     return (out * wscale.double()).float()
 
@@ -67,14 +68,18 @@ def test_quantisation_is_per_block(gen: torch.Generator) -> None:
 
 
 def test_weight_layout(gen: torch.Generator) -> None:
-    w = torch.randn(5, 96, generator=gen)
+    w = torch.randn(5, 90, generator=gen)
     w[2] = 0
     wq, ws = quantize_weight(w)
-    assert wq.shape == (5, 128) and wq.dtype == torch.uint8
-    assert (wq[:, 96:] == 128).all()  # padding is q = 0
-    assert ws[2] == 1.0 and (wq[2] == 128).all()
-    deq = (wq[:, :96].float() - 128) * ws[:, None]
-    assert (deq - w).abs().max() <= ws.max() / 2 + 1e-6
+    assert wq.shape == (1, 24, 64) and wq.dtype == torch.uint8  # one group of 16 channels, K 90 -> 96, 4 a step
+    assert wq[0, 1, 4 * 3 + 2] == torch.round(w[3, 6] / ws[3]) + 128  # byte [g, k4, 4c + j] is channel 16g + c, K 4k4 + j
+    assert (wq.view(24, 16, 4)[:, 5:] == 128).all()  # padding channels are q = 0
+    wm = unpack_weight(wq, 5)
+    assert wm.shape == (5, 96)
+    assert ws[2] == 1.0 and (wm[2] == 128).all()
+    deq = (wm.float() - 128) * ws[:, None]
+    assert (deq[:, :90] - w).abs().max() <= ws.max() / 2 + 1e-6
+    assert (wm[:, 90:] == 128).all()  # padding columns are q = 0
 
 
 @needs_kernel
