@@ -5,7 +5,9 @@
 // and again here: x (M, K) fp32 contiguous; wq (G, Kp / 4, 64) uint8 contiguous, the weights packed in groups of 16
 // output channels: byte [g][k4][4 c + j] = w[16 g + c][4 k4 + j] + 128 (w in [-127, 127]), Kp = K rounded up to a
 // multiple of 32, G = N rounded up to 16, over 16; the padding (columns past K, channels past N) is 128 (w = 0);
-// wscale (N,) fp32. x is read as zero-padded to Kp (the last block of 32 quantised over its real elements).
+// wscale (N,) fp32; kmask, optional, (K,) fp32 of 0 and 1: x is multiplied by it before quantisation (0 on the
+// columns whose quantised weights are all zero: an activation there contributes nothing, so it must not set its
+// block's scale). x is read as zero-padded to Kp (the last block of 32 quantised over its real elements).
 //
 // Why this layout (oneDNN's and llama.cpp's VNNI layout): one `vpdpbusd` multiplies 4 bytes of one activation row,
 // broadcast, by 4 bytes of K for 16 output channels, so an int32 register holds 16 channels' partial dot products.
@@ -64,12 +66,17 @@ QuantX& scratch() {
   return qx;
 }
 
-// One row's block: x[0, n) (n <= 32; read as zero-padded to 32) -> q[0, 32), the scale and the bias.
-inline void quantize_block(const float* x, int64_t n, int8_t* q, float* d, int32_t* bias) {
+// One row's block: x[0, n) (n <= 32; read as zero-padded to 32), times the live-column mask km where given ->
+// q[0, 32), the scale and the bias.
+inline void quantize_block(const float* x, const float* km, int64_t n, int8_t* q, float* d, int32_t* bias) {
 #if Q8_AVX512_VNNI
   const __mmask16 m0 = n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
   const __mmask16 m1 = n >= 32 ? 0xFFFF : n <= 16 ? 0 : static_cast<__mmask16>((1u << (n - 16)) - 1);
-  const __m512 a = _mm512_maskz_loadu_ps(m0, x), b = _mm512_maskz_loadu_ps(m1, x + 16);
+  __m512 a = _mm512_maskz_loadu_ps(m0, x), b = _mm512_maskz_loadu_ps(m1, x + 16);
+  if (km != nullptr) {
+    a = _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m0, km));
+    b = _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m1, km + 16));
+  }
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const float dd = amax / 127.f;
   const __m512 inv = _mm512_set1_ps(dd > 0.f ? 1.f / dd : 0.f);
@@ -81,15 +88,17 @@ inline void quantize_block(const float* x, int64_t n, int8_t* q, float* d, int32
   *bias = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
   *d = dd;
 #else
+  float xm[QK];
+  for (int64_t i = 0; i < n; ++i) xm[i] = km != nullptr ? x[i] * km[i] : x[i];
   float amax = 0.f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xm[i]));
   const float dd = amax / 127.f;
   const float inv = dd > 0.f ? 1.f / dd : 0.f;
   int32_t sum = 0;
   for (int64_t i = 0; i < QK; ++i) {
     // Round half to even by the 1.5 * 2^23 trick (exact for |t| < 2^22; here |t| <= 127): what nearbyint gives in
     // the default mode, without its libm call per element.
-    const float t = i < n ? x[i] * inv : 0.f;
+    const float t = i < n ? xm[i] * inv : 0.f;
     const int32_t v = static_cast<int32_t>((t + 12582912.f) - 12582912.f);
     q[i] = static_cast<int8_t>(v);
     sum += v;
@@ -99,7 +108,7 @@ inline void quantize_block(const float* x, int64_t n, int8_t* q, float* d, int32
 #endif
 }
 
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, QuantX& out) {
+void quantize_rows(const float* x, const float* km, int64_t M, int64_t K, int64_t Kp, QuantX& out) {
   const int64_t nb = Kp / QK;
   if (static_cast<int64_t>(out.q.size()) < M * Kp) out.q.resize(M * Kp);
   if (static_cast<int64_t>(out.d.size()) < M * nb) {
@@ -112,7 +121,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, QuantX& out
   auto body = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t b = 0; b < nb; ++b)
-        quantize_block(x + m * K + b * QK, std::min<int64_t>(QK, K - b * QK), q + m * Kp + b * QK,
+        quantize_block(x + m * K + b * QK, km == nullptr ? nullptr : km + b * QK, std::min<int64_t>(QK, K - b * QK),
+                       q + m * Kp + b * QK,
                        d + m * nb + b, bias + m * nb + b);
   };
   if (M * K < 65536) {
@@ -295,7 +305,8 @@ std::string q8_isa() {
 #endif
 }
 
-torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale) {
+torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale,
+                      const c10::optional<torch::Tensor>& kmask) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.device().is_cpu(),
               "q8_gemm: x must be a contiguous 2-D fp32 CPU tensor");
   TORCH_CHECK(wq.dim() == 3 && wq.size(2) == GB && wq.scalar_type() == torch::kUInt8 && wq.is_contiguous() &&
@@ -305,11 +316,14 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
   const int64_t M = x.size(0), K = x.size(1), N = wscale.size(0), G = wq.size(0), Kp = wq.size(1) * 4;
   TORCH_CHECK(Kp % QK == 0 && Kp >= K && Kp - K < QK, "q8_gemm: wq's K width must be K rounded up to 32");
   TORCH_CHECK(G == (N + GN - 1) / GN, "q8_gemm: wq must hold N rounded up to 16 channels");
+  if (kmask.has_value())
+    TORCH_CHECK(kmask->dim() == 1 && kmask->size(0) == K && kmask->scalar_type() == torch::kFloat32 &&
+                    kmask->is_contiguous(), "q8_gemm: kmask must be a contiguous fp32 (K,) tensor");
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
 
   QuantX& qx = scratch();
-  quantize_rows(x.data_ptr<float>(), M, K, Kp, qx);
+  quantize_rows(x.data_ptr<float>(), kmask.has_value() ? kmask->data_ptr<float>() : nullptr, M, K, Kp, qx);
   const Args a{wq.data_ptr<uint8_t>(), qx.q.data(), qx.d.data(), qx.bias.data(), wscale.data_ptr<float>(),
                out.data_ptr<float>(), M, N, Kp, Kp / QK};
 #if Q8_AVX512_VNNI

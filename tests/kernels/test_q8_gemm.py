@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from kernels import _cpp, q8_gemm
-from kernels.q8_gemm import q8_linear, q8_linear_ref, quantize_activations_ref, quantize_weight, unpack_weight
+from kernels.q8_gemm import (
+    live_columns,
+    q8_linear,
+    q8_linear_ref,
+    quantize_activations_ref,
+    quantize_weight,
+    unpack_weight,
+)
 
 needs_kernel = pytest.mark.skipif(not q8_gemm.available(), reason="the q8 C++ kernel does not build here")
 
@@ -72,7 +79,8 @@ def test_weight_layout(gen: torch.Generator) -> None:
     w[2] = 0
     wq, ws = quantize_weight(w)
     assert wq.shape == (1, 24, 64) and wq.dtype == torch.uint8  # one group of 16 channels, K 90 -> 96, 4 a step
-    assert wq[0, 1, 4 * 3 + 2] == torch.round(w[3, 6] / ws[3]) + 128  # byte [g, k4, 4c + j] is channel 16g + c, K 4k4 + j
+    # byte [g, k4, 4c + j] is channel 16g + c, K 4k4 + j
+    assert wq[0, 1, 4 * 3 + 2] == torch.round(w[3, 6] / ws[3]) + 128
     assert (wq.view(24, 16, 4)[:, 5:] == 128).all()  # padding channels are q = 0
     wm = unpack_weight(wq, 5)
     assert wm.shape == (5, 96)
@@ -102,6 +110,31 @@ def test_kernel_leading_dims_and_zero_rows(gen: torch.Generator) -> None:
     torch.testing.assert_close(q8_linear(torch.zeros(2, 64), wq, ws, impl="cpp"), torch.zeros(2, 10))
 
 
+def test_live_columns_keep_anchor_dims_out_of_the_scales(gen: torch.Generator) -> None:
+    """The converted Gemma's attention output: huge activations under all-zero weight columns. Masked, they leave
+    their blocks' scales alone (the product is that of the weights' live columns, which they never touched)."""
+    M, K, N = 4, 1032, 40
+    x, w = torch.randn(M, K, generator=gen) * 3, torch.randn(N, K, generator=gen) * 0.05
+    dead = torch.tensor([3, 258 + 3, 516 + 40, 1031])
+    w[:, dead] = 0
+    x[:, dead] = 5000.0
+    kmask = live_columns(w)
+    assert kmask is not None and kmask.shape == (K,) and int(kmask.sum()) == K - 4 and (kmask[dead] == 0).all()
+    assert live_columns(torch.randn(3, 8, generator=gen)) is None
+    wq, ws = quantize_weight(w)
+    exact = x @ w.t()
+    masked = q8_linear_ref(x, wq, ws, kmask)
+    x0 = x.clone()
+    x0[:, dead] = 0
+    torch.testing.assert_close(masked, q8_linear_ref(x0, wq, ws))
+    err_masked = float((masked - exact).abs().max())
+    assert err_masked < float((q8_linear_ref(x, wq, ws) - exact).abs().max()) / 10  # unmasked: 4 blocks ruined (~40x)
+    if q8_gemm.available():
+        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp", kmask=kmask), masked, **_tol(masked))
+    with pytest.raises(ValueError, match="kmask"):
+        q8_linear(x, wq, ws, impl="ref", kmask=kmask[:-1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
@@ -113,11 +146,13 @@ def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, ge
         pytest.skip(str(e))
     if not q8_gemm.available():
         pytest.skip(f"the {isa} build failed here")
-    for M, K, N in SHAPES[:5]:
+    for M, K, N in SHAPES[:5] + SHAPES[-3:]:
         x, w = _inputs(M, K, N, gen)
+        w[:, 1] = 0
         wq, ws = quantize_weight(w)
-        ref = q8_linear_ref(x, wq, ws)
-        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp"), ref, **_tol(ref))
+        kmask = live_columns(w)
+        ref = q8_linear_ref(x, wq, ws, kmask)
+        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp", kmask=kmask), ref, **_tol(ref))
 
 
 def test_bad_inputs_raise(gen: torch.Generator) -> None:
