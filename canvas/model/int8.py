@@ -188,8 +188,9 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
             layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
             # The attention output: q8 keeps the converted Gemma's value-anchor dims (large activations under
             # weight columns that quantise to zero) out of its blocks' scales (`live_columns`), which without it
-            # cost the probe bound (news NLL/char 1.099x fp32). "dynamic" keeps it weight-only: those outliers
-            # defeat fbgemm's per-tensor activation scale.
+            # cost the probe bound (news NLL/char 1.099x fp32); with it the probe NLL is within 0.0005x of
+            # weight-only int8's here on every kind, lower on news and code (BENCHMARKS.md, issue 31). "dynamic"
+            # keeps it weight-only: those outliers defeat fbgemm's per-tensor activation scale.
             o_scheme: Scheme = "q8" if scheme == "q8" else "weight"
             layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, o_scheme)
             layer.mlp_gate_up_int8 = None if scheme is None else Int8Linear(layer.mlp_gate_up, scheme)
