@@ -115,17 +115,21 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
 
 def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin, norms: tuple[Tensor, ...],
                    router: tuple[Tensor, Tensor, Tensor], experts: tuple[Tensor, Tensor], scalar: Tensor, *,
-                   top_k: int, eps: float, sparse: bool = False) -> Tensor:
+                   top_k: int, eps: float, sparse: bool = False, routed_on: bool = True) -> Tensor:
     """The rest of a layer for x (B, M) and the attention's output att (B, H * D): output projection and residual,
     then `Block.feed_forward` (dense MLP beside the routed experts, run dense; see the module docstring), times the
     layer scalar. `norms`: post-attention, pre-FF, pre-FF 2, post-FF 1, post-FF 2, post-FF weights; `router`:
     projection, input scale, per-expert scale; `experts`: gate/up (E, 2I, M), down (E, M, I). `sparse`: run only
-    the picked experts, one row at a time (a host sync for their ids; eager only), else all of them. -> (B, M)."""
+    the picked experts, one row at a time (a host sync for their ids; eager only), else all of them. `routed_on`
+    False: the routed branch's output norm is all zeros (`_routed_on`), so it adds exact zeros and is skipped.
+    -> (B, M)."""
     post_attn, pre_ff, pre_ff2, post_ff1, post_ff2, post_ff = norms
     h = _norm(_mm(att, o_proj), post_attn, eps, residual=x)  # (B, M): x + norm(o)
     B, M = h.shape
     gate, up = _mm(_norm(h, pre_ff, eps), gate_up).chunk(2, dim=-1)
     dense = _mm(F.gelu(gate, approximate="tanh") * up, down)
+    if not routed_on:  # norm(routed) * 0 is exactly 0: the same sum without it
+        return _norm(_norm(dense, post_ff1, eps), post_ff, eps, residual=h, scale=scalar)
     # Routing as `Block.route`: top-k of the softmax, renormalised, times the per-expert scale.
     router_proj, router_scale, expert_scale = router
     # fp32: the scale inside the fused norm (the same products); other dtypes: rounded as `Block.route` rounds them.
@@ -175,6 +179,21 @@ def _rope(attn: Attention, positions: Tensor, dtype: torch.dtype) -> tuple[Tenso
     freqs = positions[:, None].float() * attn.inv_freq.float()  # (B, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (B, 1, D)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+_ROUTED: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], bool]] = weakref.WeakKeyDictionary()
+
+
+def _routed_on(layer: Any) -> bool:
+    """Whether the layer's routed experts can change its output: False when their output norm's weight
+    (`post_feedforward_layernorm_2`) is all zeros, as the converted Gemma 3 builds it (its routed branch is an
+    exact no-op). Rechecked when the weight is replaced or modified in place (its version counter)."""
+    w = layer.post_feedforward_layernorm_2
+    key = (w.data_ptr(), w._version)
+    hit = _ROUTED.get(layer)
+    if hit is None or hit[0] != key:
+        hit = _ROUTED[layer] = (key, bool(w.detach().any()))
+    return hit[1]
 
 
 _QK_NORMS: weakref.WeakKeyDictionary[Attention, tuple[tuple[int, ...], Tensor]] = weakref.WeakKeyDictionary()
@@ -300,7 +319,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
                   layer.post_feedforward_layernorm),
                  (layer.router_proj, layer.router_scale, layer.per_expert_scale),
                  (layer.experts_gate_up, layer.experts_down), layer.encoder_scalar, top_k=layer.top_k, eps=eps,
-                 sparse=sparse)
+                 sparse=sparse, routed_on=_routed_on(layer))
     if ring_size:  # this token took the oldest slot of every sliding layer
         cache.ring = (cache.ring + 1) % ring_size
     return x

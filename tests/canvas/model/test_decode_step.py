@@ -52,6 +52,31 @@ def test_decode_steps_equal_one_pass_over_the_whole_text(model: DiffusionModel, 
     torch.testing.assert_close(stepped, _steps(model, ids[:, :prefix_len], ids[:, prefix_len:], mask=True))
 
 
+@pytest.mark.parametrize("batch", [1, 3])  # the sparse (picked experts) and the dense experts paths
+def test_a_zero_routed_norm_skips_the_experts_exactly(model: DiffusionModel, batch: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converted Gemma's routed branch ends in an all-zero norm weight: the step skips the experts, and its
+    logits are those of running them, bit for bit; a nonzero weight turns them back on."""
+    from canvas.model import decode
+
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, model.config.vocab_size, (batch, 12), generator=g)
+    with torch.no_grad():
+        for layer in model.blocks:
+            layer.post_feedforward_layernorm_2.zero_()
+    assert not any(decode._routed_on(layer) for layer in model.blocks)
+    skipped = _steps(model, ids[:, :4], ids[:, 4:])
+    monkeypatch.setattr(decode, "_routed_on", lambda layer: True)
+    assert torch.equal(skipped, _steps(model, ids[:, :4], ids[:, 4:]))
+    monkeypatch.undo()
+    whole, _ = model.encode(ids)
+    assert whole is not None
+    torch.testing.assert_close(skipped, whole[:, 4:], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        model.blocks[0].post_feedforward_layernorm_2[0] = 1.0
+    assert decode._routed_on(model.blocks[0])  # in-place change seen (version counter)
+
+
 def test_decode_steps_after_a_padded_prefix_mask_the_padding(model: DiffusionModel) -> None:
     """A left-padded row's steps see none of its padding: they equal the same row encoded without it."""
     g = torch.Generator().manual_seed(2)
