@@ -4,13 +4,20 @@
 
 #include <string>
 
-torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale);
+torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale,
+                      const c10::optional<torch::Tensor>& kmask);
 std::string q8_isa();
 torch::Tensor rms_norm_fused(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps,
                              const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& scale);
 
+torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                         const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& extra_k,
+                         const c10::optional<torch::Tensor>& extra_v);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q8_gemm", &q8_gemm, "x (M, K) fp32 @ (Q8 weight (N, Kp) uint8, scale (N,)).T -> (M, N) fp32");
+  m.def("q8_gemm", &q8_gemm, "x (M, K) fp32 (times kmask (K,)) @ (packed Q8 weight, scale (N,)).T -> (M, N) fp32",
+        pybind11::arg("x"), pybind11::arg("wq"), pybind11::arg("wscale"), pybind11::arg("kmask") = pybind11::none());
   m.def("isa", &q8_isa, "the instruction set this build's inner loops use");
+  m.def("attend_one", &attend_one, "one query a row (B, H, D) over keys / values (B, G, S, D) (+ one extra each)");
   m.def("rms_norm_fused", &rms_norm_fused, "(residual + rms_norm(x) * weight) * scale over fp32 rows");
 }

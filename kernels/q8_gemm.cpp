@@ -2,32 +2,41 @@
 // to int8 per block of 32 along K (Q8_0-like: an outlier only coarsens its own block).
 //
 // Owned by kernels/q8_gemm.py (the torch reference, the validating launcher and the build). Contract, checked there
-// and again here: x (M, K) fp32 contiguous; wq (N, Kp) uint8 contiguous holding w + 128 (w in [-127, 127]),
-// Kp = K rounded up to a multiple of 64 and the padding columns 128 (w = 0); wscale (N,) fp32. Any K: x is read as
-// zero-padded to Kp (the last block of 32 quantised over its real elements).
+// and again here: x (M, K) fp32 contiguous; wq (G, Kp / 4, 64) uint8 contiguous, the weights packed in groups of 16
+// output channels: byte [g][k4][4 c + j] = w[16 g + c][4 k4 + j] + 128 (w in [-127, 127]), Kp = K rounded up to a
+// multiple of 32, G = N rounded up to 16, over 16; the padding (columns past K, channels past N) is 128 (w = 0);
+// wscale (N,) fp32; kmask, optional, (K,) fp32 of 0 and 1: x is multiplied by it before quantisation (0 on the
+// columns whose quantised weights are all zero: an activation there contributes nothing, so it must not set its
+// block's scale). x is read as zero-padded to Kp (the last block of 32 quantised over its real elements).
 //
-// Why the weights carry the +128 offset and not the activations: the VNNI dot product (`vpdpbusd`) multiplies
-// unsigned bytes by signed bytes. With u = w + 128 unsigned, sum_k u*x = sum_k w*x + 128 * sum_k x, and the
-// correction depends on the activations alone: each int32 lane (4 bytes of K) starts from -128 * the sum of its 4
-// activation bytes (`bias`, computed once per call), so after `vpdpbusd` it holds sum w*x exactly and the inner loop
-// is dot, convert, fused multiply-add by the block scales. (The AVX2 and scalar paths widen w to int16 / int32 and
-// subtract 128 there.) An all-zero weight row gives exactly 0.
+// Why this layout (oneDNN's and llama.cpp's VNNI layout): one `vpdpbusd` multiplies 4 bytes of one activation row,
+// broadcast, by 4 bytes of K for 16 output channels, so an int32 register holds 16 channels' partial dot products.
+// A block of 32 along K is 8 of them, then one convert and one fused multiply-add by the block's scale: 10 uops per
+// 512 MACs, no horizontal reduction, and each register of weights serves MT activation rows. (The earlier layout,
+// weight rows along K, needed a convert + FMA per 64 MACs and a horizontal sum per (row, channel) pair: compute-bound
+// at 3x below VNNI's rate from 8 rows up.)
 //
-// Numerics: exact int32 dot products per block of 32, fp32 accumulation of the scaled block results (then one
-// multiply by the channel scale). Loop orders differ between ISA paths, so results agree to fp32 rounding.
+// Why the weights carry the +128 offset and not the activations: `vpdpbusd` multiplies unsigned bytes by signed
+// bytes. With u = w + 128, sum_k u*x = sum_k w*x + 128 * sum_k x, and the correction depends on the activations
+// alone: each block's int32 accumulators start from -128 * the sum of the row's quantised block (`bias`), so after
+// the 8 dot products they hold sum w*x exactly. (The AVX2 and scalar paths subtract 128 from the weights instead.)
 //
-// Threads: at::parallel_for over tiles of output channels (torch's intra-op pool, its OpenMP runtime). Each tile of
-// weight rows is read once from memory and reused from L1 for every row of x: an 8-row step reads the weights once.
+// Numerics: exact int32 dot products per block of 32, fp32 accumulation of the scaled block results in block order
+// (then one multiply by the channel scale). The AVX2 path keeps two partial sums a channel until the end, and the
+// torch reference is a float GEMM of the dequantised operands: they agree to fp32 rounding, not bit for bit.
+//
+// Memory: no heap allocation per call beyond the output (the quantised activations live in thread-local buffers
+// that grow to the largest call). Threads: at::parallel_for over tiles of channel groups (torch's intra-op pool,
+// its OpenMP runtime); each tile of weights is read once from memory and reused from cache for every row of x.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-
-#include <string>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -40,149 +49,248 @@
 
 namespace {
 
-constexpr int64_t QK = 32;     // activation block along K
-constexpr int64_t CHUNK = 64;  // bytes of K a 512-bit register holds: two blocks
+constexpr int64_t QK = 32;   // activation block along K
+constexpr int64_t GN = 16;   // output channels per packed group (one zmm of int32)
+constexpr int64_t GB = 64;   // bytes of a group per 4 bytes of K
 
-// The activations of one call, quantised: q (M, Kp) int8, d (M, Kp / QK) block scales, bias (M, Kp / 4) int32
-// = -128 * the sum of each 4 bytes of q (the +128 weight offset's correction, see above).
+// The activations of one call, quantised: q (M, Kp) int8 (zero past K), d (M, Kp / QK) block scales, bias
+// (M, Kp / QK) int32 = -128 * the sum of each block of q (the +128 weight offset's correction, see above).
 struct QuantX {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> bias;
 };
 
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, QuantX& out) {
-  const int64_t nb = Kp / QK;
-  out.q.assign(M * Kp, 0);
-  out.d.assign(M * nb, 0.f);
-  out.bias.assign(M * Kp / 4, 0);
-  auto body = [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* row = x + m * K;
-      int8_t* qrow = out.q.data() + m * Kp;
-      int32_t* brow = out.bias.data() + m * (Kp / 4);
-      for (int64_t b = 0; b * QK < K; ++b) {
-        const float* xb = row + b * QK;
-        const int64_t n = std::min<int64_t>(QK, K - b * QK);  // a last partial block reads as zero-padded
-        float amax = 0.f;
-        for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xb[i]));
-        const float d = amax / 127.f;
-        const float inv = d > 0.f ? 1.f / d : 0.f;
-        for (int64_t i = 0; i < n; ++i) {
-          // Round half to even by the 1.5 * 2^23 trick (exact for |t| < 2^22; here |t| <= 127): what nearbyint
-          // gives in the default mode, without its libm call per element, and vectorisable.
-          const float t = xb[i] * inv;
-          const int32_t v = static_cast<int32_t>((t + 12582912.f) - 12582912.f);
-          qrow[b * QK + i] = static_cast<int8_t>(v);
-          brow[(b * QK + i) / 4] -= 128 * v;
-        }
-        out.d[m * nb + b] = d;
-      }
-    }
-  };
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), body);
+QuantX& scratch() {
+  thread_local QuantX qx;  // grows to the largest call on this thread, never shrinks: no allocation per step
+  return qx;
 }
 
+// One row's block: x[0, n) (n <= 32; read as zero-padded to 32), times the live-column mask km where given ->
+// q[0, 32), the scale and the bias.
+inline void quantize_block(const float* x, const float* km, int64_t n, int8_t* q, float* d, int32_t* bias) {
 #if Q8_AVX512_VNNI
-// Rows of x in tiles of MT, weight rows in tiles of NT; MT * NT zmm accumulators (at most 16 of the 32 registers).
+  const __mmask16 m0 = n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+  const __mmask16 m1 = n >= 32 ? 0xFFFF : n <= 16 ? 0 : static_cast<__mmask16>((1u << (n - 16)) - 1);
+  __m512 a = _mm512_maskz_loadu_ps(m0, x), b = _mm512_maskz_loadu_ps(m1, x + 16);
+  if (km != nullptr) {
+    a = _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m0, km));
+    b = _mm512_mul_ps(b, _mm512_maskz_loadu_ps(m1, km + 16));
+  }
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float dd = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(dd > 0.f ? 1.f / dd : 0.f);
+  // Round half to even (the reference's torch.round), exact: |x * inv| <= 127.
+  const __m512i qa = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i qb = _mm512_cvt_roundps_epi32(_mm512_mul_ps(b, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  *bias = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  *d = dd;
+#else
+  float xm[QK];
+  for (int64_t i = 0; i < n; ++i) xm[i] = km != nullptr ? x[i] * km[i] : x[i];
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(xm[i]));
+  const float dd = amax / 127.f;
+  const float inv = dd > 0.f ? 1.f / dd : 0.f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < QK; ++i) {
+    // Round half to even by the 1.5 * 2^23 trick (exact for |t| < 2^22; here |t| <= 127): what nearbyint gives in
+    // the default mode, without its libm call per element.
+    const float t = i < n ? xm[i] * inv : 0.f;
+    const int32_t v = static_cast<int32_t>((t + 12582912.f) - 12582912.f);
+    q[i] = static_cast<int8_t>(v);
+    sum += v;
+  }
+  *bias = -128 * sum;
+  *d = dd;
+#endif
+}
+
+void quantize_rows(const float* x, const float* km, int64_t M, int64_t K, int64_t Kp, QuantX& out) {
+  const int64_t nb = Kp / QK;
+  if (static_cast<int64_t>(out.q.size()) < M * Kp) out.q.resize(M * Kp);
+  if (static_cast<int64_t>(out.d.size()) < M * nb) {
+    out.d.resize(M * nb);
+    out.bias.resize(M * nb);
+  }
+  int8_t* q = out.q.data();
+  float* d = out.d.data();
+  int32_t* bias = out.bias.data();
+  auto body = [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t b = 0; b < nb; ++b)
+        quantize_block(x + m * K + b * QK, km == nullptr ? nullptr : km + b * QK, std::min<int64_t>(QK, K - b * QK),
+                       q + m * Kp + b * QK,
+                       d + m * nb + b, bias + m * nb + b);
+  };
+  if (M * K < 65536) {
+    body(0, M);  // a decode step's few rows: waking the pool costs more than the work
+  } else {
+    at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), body);
+  }
+}
+
+// Everything a tile needs: the packed weights, the quantised activations, the channel scales and the output.
+struct Args {
+  const uint8_t* w;
+  const int8_t* xq;
+  const float* xd;
+  const int32_t* xb;
+  const float* ws;
+  float* out;
+  int64_t M, N, Kp, nb;
+};
+
+#if Q8_AVX512_VNNI
+// MT activation rows from m x NT channel groups from g: 2 * MT * NT accumulators + NT weight registers (<= 32).
 template <int MT, int NT>
-inline void tile(const uint8_t* w, const int8_t* xq, const float* xs, const int32_t* xb, int64_t Kp, int64_t ldw,
-                 int64_t ldx, float out[MT][NT]) {
-  const int64_t nc = Kp / CHUNK;
+inline void tile(const Args& a, int64_t m, int64_t g) {
+  const int64_t gstride = (a.Kp / 4) * GB;  // bytes of one packed group
+  const uint8_t* w = a.w + g * gstride;
   __m512 acc[MT][NT];
+#pragma GCC unroll 8
   for (int i = 0; i < MT; ++i)
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < nc; ++c) {
-    __m512i wv[NT];
-    for (int t = 0; t < NT; ++t) wv[t] = _mm512_loadu_si512(w + t * ldw + c * CHUNK);
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m512i dot[MT][NT];
+#pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) {
-      const __m512i xv = _mm512_loadu_si512(xq + i * ldx + c * CHUNK);
-      const __m512i bv = _mm512_loadu_si512(xb + (i * ldx + c * CHUNK) / 4);  // -128 * x, 4 bytes a lane
-      const __m512 sv = _mm512_loadu_ps(xs + (i * nc + c) * 16);  // 8 lanes of block 2c's scale, 8 of 2c + 1's
-      for (int t = 0; t < NT; ++t)
-        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bv, wv[t], xv)), sv, acc[i][t]);
+      const __m512i bias = _mm512_set1_epi32(a.xb[(m + i) * a.nb + b]);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) dot[i][t] = bias;
+    }
+    const uint8_t* wb = w + b * (QK / 4) * GB;
+    const int8_t* xq = a.xq + m * a.Kp + b * QK;
+#pragma GCC unroll 8
+    for (int s = 0; s < QK / 4; ++s) {
+      __m512i wv[NT];
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) wv[t] = _mm512_loadu_si512(wb + t * gstride + s * GB);
+#pragma GCC unroll 8
+      for (int i = 0; i < MT; ++i) {
+        int32_t x4;
+        std::memcpy(&x4, xq + i * a.Kp + s * 4, 4);
+        const __m512i xv = _mm512_set1_epi32(x4);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) dot[i][t] = _mm512_dpbusd_epi32(dot[i][t], wv[t], xv);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) {
+      const __m512 dv = _mm512_set1_ps(a.xd[(m + i) * a.nb + b]);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][t]), dv, acc[i][t]);
     }
   }
-  for (int i = 0; i < MT; ++i)
-    for (int t = 0; t < NT; ++t) out[i][t] = _mm512_reduce_add_ps(acc[i][t]);
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    const int64_t n = (g + t) * GN;
+    const int64_t live = std::min<int64_t>(GN, a.N - n);
+    const __mmask16 mask = live >= GN ? 0xFFFF : static_cast<__mmask16>((1u << live) - 1);
+    const __m512 sc = _mm512_maskz_loadu_ps(mask, a.ws + n);
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(a.out + (m + i) * a.N + n, mask, _mm512_mul_ps(acc[i][t], sc));
+  }
 }
 #elif Q8_AVX2
 // AVX2 has no unsigned x signed byte dot without int16 saturation (`maddubs` saturates at 255 * 127 * 2), so the
-// bytes widen to int16 (w less its offset) and `madd_epi16` sums pairs into int32 (exact).
+// weights widen to int16 less their offset and `madd_epi16` sums pairs of K into int32 (exact): a ymm holds 4
+// channels x 2 partial sums, and the pairs are added at the end. One row at a time (16 ymm registers).
 template <int MT, int NT>
-inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, const int32_t*, int64_t Kp, int64_t ldw,
-                 int64_t ldx, float out[MT][NT]) {
-  const int64_t nb = Kp / QK;
+inline void tile(const Args& a, int64_t m, int64_t g) {
+  static_assert(MT == 1 && NT == 1, "the AVX2 path tiles one row by one group");
+  const uint8_t* w = a.w + g * (a.Kp / 4) * GB;
+  const int8_t* xq = a.xq + m * a.Kp;
   const __m256i off = _mm256_set1_epi16(128);
-  __m256 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int t = 0; t < NT; ++t) acc[i][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i wlo[NT], whi[NT];
-    for (int t = 0; t < NT; ++t) {
-      const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t * ldw + b * QK));
-      wlo[t] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(wb)), off);
-      whi[t] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(wb, 1)), off);
-    }
-    for (int i = 0; i < MT; ++i) {
-      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * ldx + b * QK));
-      const __m256i xlo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(xb));
-      const __m256i xhi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(xb, 1));
-      const __m256 sv = _mm256_set1_ps(xd[i * nb + b]);
-      for (int t = 0; t < NT; ++t) {
-        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wlo[t], xlo), _mm256_madd_epi16(whi[t], xhi));
-        acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv, acc[i][t]);
+  __m256 acc[4];
+  for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m256i dot[4];
+    for (int j = 0; j < 4; ++j) dot[j] = _mm256_setzero_si256();
+    for (int s = 0; s < QK / 4; ++s) {
+      const int8_t* xs = xq + b * QK + s * 4;
+      const __m256i xv = _mm256_set1_epi64x(static_cast<int64_t>(static_cast<uint16_t>(xs[0])) |
+                                            static_cast<int64_t>(static_cast<uint16_t>(xs[1])) << 16 |
+                                            static_cast<int64_t>(static_cast<uint16_t>(xs[2])) << 32 |
+                                            static_cast<int64_t>(static_cast<uint16_t>(xs[3])) << 48);
+      const uint8_t* ws = w + (b * (QK / 4) + s) * GB;
+      for (int j = 0; j < 4; ++j) {  // channels 4j..4j+3, 4 bytes of K each
+        const __m128i wb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + 16 * j));
+        const __m256i w16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(wb), off);
+        dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(w16, xv));
       }
     }
+    const __m256 dv = _mm256_set1_ps(a.xd[m * a.nb + b]);
+    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), dv, acc[j]);
   }
-  for (int i = 0; i < MT; ++i)
-    for (int t = 0; t < NT; ++t) {
-      const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[i][t]), _mm256_extractf128_ps(acc[i][t], 1));
-      const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
-      out[i][t] = _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
-    }
+  // acc[j] lanes: (c 4j, first half), (4j, second), (4j + 1, first), ...: add the pairs, channels in order.
+  float r[GN];
+  for (int h = 0; h < 2; ++h) {
+    const __m256 s = _mm256_hadd_ps(acc[2 * h], acc[2 * h + 1]);  // c0 c1 c4 c5 | c2 c3 c6 c7 (of these 8)
+    _mm256_storeu_ps(r + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xD8)));
+  }
+  const int64_t n = g * GN;
+  for (int64_t c = 0; c < GN && n + c < a.N; ++c) a.out[m * a.N + n + c] = r[c] * a.ws[n + c];
 }
 #else
 // Portable fallback: the same arithmetic, scalar.
 template <int MT, int NT>
-inline void tile(const uint8_t* w, const int8_t* xq, const float* xd, const int32_t*, int64_t Kp, int64_t ldw,
-                 int64_t ldx, float out[MT][NT]) {
-  const int64_t nb = Kp / QK;
-  for (int i = 0; i < MT; ++i)
-    for (int t = 0; t < NT; ++t) {
-      float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t s = 0;
-        for (int64_t k = b * QK; k < (b + 1) * QK; ++k)
-          s += (static_cast<int32_t>(w[t * ldw + k]) - 128) * static_cast<int32_t>(xq[i * ldx + k]);
-        acc += static_cast<float>(s) * xd[i * nb + b];
-      }
-      out[i][t] = acc;
+inline void tile(const Args& a, int64_t m, int64_t g) {
+  static_assert(MT == 1 && NT == 1, "the scalar path tiles one row by one group");
+  const uint8_t* w = a.w + g * (a.Kp / 4) * GB;
+  const int8_t* xq = a.xq + m * a.Kp;
+  for (int64_t c = 0; c < GN && g * GN + c < a.N; ++c) {
+    float acc = 0.f;
+    for (int64_t b = 0; b < a.nb; ++b) {
+      int32_t s = 0;
+      for (int64_t k = b * QK; k < (b + 1) * QK; ++k)
+        s += (static_cast<int32_t>(w[(k / 4) * GB + 4 * c + k % 4]) - 128) * static_cast<int32_t>(xq[k]);
+      acc += static_cast<float>(s) * a.xd[m * a.nb + b];
     }
+    a.out[m * a.N + g * GN + c] = acc * a.ws[g * GN + c];
+  }
 }
 #endif
 
-constexpr int NT_MAX = 4;
-constexpr int MT_MAX = 4;
-
-template <int NT>
-void n_tile(const uint8_t* w, const QuantX& qx, const float* xs, int64_t stride_s, const float* wscale, int64_t n,
-            int64_t M, int64_t Kp, int64_t N, float* out) {
-  for (int64_t m = 0; m < M; m += MT_MAX) {
-    const int64_t mt = std::min<int64_t>(MT_MAX, M - m);
-    float r[MT_MAX][NT];
-    const int8_t* xq = qx.q.data() + m * Kp;
-    const int32_t* xb = qx.bias.data() + m * (Kp / 4);
-    const float* s = xs + m * stride_s;
-    switch (mt) {
-      case 4: tile<4, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
-      case 3: tile<3, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
-      case 2: tile<2, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
-      default: tile<1, NT>(w, xq, s, xb, Kp, Kp, Kp, r); break;
-    }
-    for (int64_t i = 0; i < mt; ++i)
-      for (int t = 0; t < NT; ++t) out[(m + i) * N + n + t] = wscale[n + t] * r[i][t];
+// Rows in tiles of MT_MAX, then one shorter tile for the rest, for NT groups from g.
+template <int MT_MAX, int NT>
+inline void rows(const Args& a, int64_t g) {
+  int64_t m = 0;
+  for (; m + MT_MAX <= a.M; m += MT_MAX) tile<MT_MAX, NT>(a, m, g);
+  const int64_t rest = a.M - m;
+  if constexpr (MT_MAX >= 4) {
+    if (rest == 3) return tile<3, NT>(a, m, g);
   }
+  if constexpr (MT_MAX >= 3) {
+    if (rest == 2) return tile<2, NT>(a, m, g);
+  }
+  if constexpr (MT_MAX >= 2) {
+    if (rest == 1) return tile<1, NT>(a, m, g);
+  }
+}
+
+// Register budget (AVX-512: 32 zmm): a tile of MT rows x NT groups holds 2 * MT * NT accumulators and NT weight
+// registers. One to three rows: 4 groups (64 channels: enough independent dot chains to hide vpdpbusd's latency);
+// four or more: 4 rows x 3 groups (28 registers; each weight register feeds 4 dot products).
+template <int MT_MAX, int NT>
+void run(const Args& a, int64_t groups) {
+  const int64_t tiles = (groups + NT - 1) / NT;
+  // Enough work per task to amortise waking a thread: ~64 KB of weights (more rows: less).
+  const int64_t bytes = NT * (a.Kp / 4) * GB * std::max<int64_t>(1, a.M / 4);
+  const int64_t grain = std::max<int64_t>(1, 65536 / bytes);
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t g = t * NT;
+      if (g + NT <= groups) {
+        rows<MT_MAX, NT>(a, g);
+      } else {
+        for (int64_t j = g; j < groups; ++j) rows<MT_MAX, 1>(a, j);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -197,47 +305,35 @@ std::string q8_isa() {
 #endif
 }
 
-torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale) {
+torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale,
+                      const c10::optional<torch::Tensor>& kmask) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.device().is_cpu(),
               "q8_gemm: x must be a contiguous 2-D fp32 CPU tensor");
-  TORCH_CHECK(wq.dim() == 2 && wq.scalar_type() == torch::kUInt8 && wq.is_contiguous() && wq.device().is_cpu(),
-              "q8_gemm: wq must be a contiguous 2-D uint8 CPU tensor");
-  TORCH_CHECK(wscale.dim() == 1 && wscale.scalar_type() == torch::kFloat32 && wscale.is_contiguous() &&
-                  wscale.size(0) == wq.size(0), "q8_gemm: wscale must be a contiguous fp32 (N,) tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = wq.size(0), Kp = wq.size(1);
-  TORCH_CHECK(Kp % CHUNK == 0 && Kp >= K && Kp - K < CHUNK, "q8_gemm: wq's width must be K rounded up to 64");
+  TORCH_CHECK(wq.dim() == 3 && wq.size(2) == GB && wq.scalar_type() == torch::kUInt8 && wq.is_contiguous() &&
+                  wq.device().is_cpu(), "q8_gemm: wq must be a contiguous (G, Kp / 4, 64) uint8 CPU tensor");
+  TORCH_CHECK(wscale.dim() == 1 && wscale.scalar_type() == torch::kFloat32 && wscale.is_contiguous(),
+              "q8_gemm: wscale must be a contiguous fp32 (N,) tensor");
+  const int64_t M = x.size(0), K = x.size(1), N = wscale.size(0), G = wq.size(0), Kp = wq.size(1) * 4;
+  TORCH_CHECK(Kp % QK == 0 && Kp >= K && Kp - K < QK, "q8_gemm: wq's K width must be K rounded up to 32");
+  TORCH_CHECK(G == (N + GN - 1) / GN, "q8_gemm: wq must hold N rounded up to 16 channels");
+  if (kmask.has_value())
+    TORCH_CHECK(kmask->dim() == 1 && kmask->size(0) == K && kmask->scalar_type() == torch::kFloat32 &&
+                    kmask->is_contiguous(), "q8_gemm: kmask must be a contiguous fp32 (K,) tensor");
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
 
-  QuantX qx;
-  quantize_rows(x.data_ptr<float>(), M, K, Kp, qx);
-  const int64_t nb = Kp / QK;
+  QuantX& qx = scratch();
+  quantize_rows(x.data_ptr<float>(), kmask.has_value() ? kmask->data_ptr<float>() : nullptr, M, K, Kp, qx);
+  const Args a{wq.data_ptr<uint8_t>(), qx.q.data(), qx.d.data(), qx.bias.data(), wscale.data_ptr<float>(),
+               out.data_ptr<float>(), M, N, Kp, Kp / QK};
 #if Q8_AVX512_VNNI
-  // Each chunk's two block scales spread over the 16 lanes their dot products land in (vpdpbusd: lane j sums
-  // bytes 4j..4j+3, so lanes 0-7 are block 2c and 8-15 block 2c + 1).
-  std::vector<float> spread(M * nb * 8);
-  for (int64_t i = 0; i < M * nb; ++i) std::fill_n(spread.data() + i * 8, 8, qx.d[i]);
-  const float* xs = spread.data();
-  const int64_t stride_s = nb * 8;
+  if (M >= 4) {
+    run<4, 3>(a, G);
+  } else {
+    run<3, 4>(a, G);
+  }
 #else
-  const float* xs = qx.d.data();
-  const int64_t stride_s = nb;
+  run<1, 1>(a, G);
 #endif
-  const uint8_t* w = wq.data_ptr<uint8_t>();
-  const float* ws = wscale.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  const int64_t tiles = (N + NT_MAX - 1) / NT_MAX;
-  // Enough work per task to amortise waking a thread: ~64 KB of weights.
-  const int64_t grain = std::max<int64_t>(1, 65536 / (NT_MAX * Kp));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n = t * NT_MAX;
-      if (n + NT_MAX <= N) {
-        n_tile<NT_MAX>(w + n * Kp, qx, xs, stride_s, ws, n, M, Kp, N, o);
-      } else {
-        for (int64_t j = n; j < N; ++j) n_tile<1>(w + j * Kp, qx, xs, stride_s, ws, j, M, Kp, N, o);
-      }
-    }
-  });
   return out;
 }

@@ -1,6 +1,7 @@
 """Q8 GEMM on the CPU: fp32 activations quantised at run time to int8 per block of 32, int8 weights per channel.
 
-Owns `quantize_weight` (an fp32 (N, K) weight -> the kernel's uint8 layout and per-channel scales), `q8_linear`
+Owns `quantize_weight` (an fp32 (N, K) weight -> the kernel's uint8 layout and per-channel scales), `live_columns`
+(the mask of a weight's nonzero columns, which the activations are multiplied by before quantisation), `q8_linear`
 (public, `impl="auto"|"cpp"|"ref"`), its torch reference `q8_linear_ref`, the validating launcher `q8_linear_cpp`,
 and the C++ kernel beside this file (`q8_gemm.cpp`; built once per machine and instruction set by `kernels._cpp`,
 cached under ~/.cache/dcanvas/kernels). `available()` says whether it built; "auto" falls back to the reference
@@ -13,17 +14,21 @@ each block of 32 activations gets its own scale (an outlier coarsens only its bl
 int32 (AVX-512 VNNI `vpdpbusd`, an AVX2 fallback, a scalar one), and each tile of weight rows is reused from cache
 for every activation row, so a batch of 8 reads the weights once.
 
-Numerics (the contract the reference states): out = dequant(quant(x)) @ dequant(w).T where quant(x) rounds x / d
+Numerics (the contract the reference states): out = dequant(quant(x * kmask)) @ dequant(w).T (kmask: 1 where the
+column has a nonzero quantised weight, 0 where all round to zero, or None: all ones), where quant(x) rounds x / d
 to the nearest integer (ties to even), d = max|x_block| / 127 per block of 32 along K, and w = q * scale with q
 in [-127, 127] per output channel. The kernel's block dot products are exact; its fp32 accumulation order differs
 from the reference's, so the two agree to fp32 rounding, not bit for bit.
 
-Layout (what `quantize_weight` returns): wq (N, Kp) uint8 = q + 128, Kp = K rounded up to 64 (the padding columns
-are 128, i.e. q = 0), wscale (N,) fp32. Any K: the activations are read as zero-padded to Kp (so a K that is not a
-multiple of 32 ends in a shorter block: the converted Gemma's attention output has K = 4 x 258). The width only
-bounds K (any K in (Kp - 64, Kp] fits it): the caller passes the K the weight was built with (`Int8Linear` does).
+Layout (what `quantize_weight` returns): wq (G, Kp / 4, 64) uint8, the weights + 128 packed in groups of 16
+output channels, byte [g, k4, 4 c + j] = q[16 g + c, 4 k4 + j] + 128 (one `vpdpbusd` operand: 4 bytes of K for 16
+channels), Kp = K rounded up to 32, G = ceil(N / 16); padding columns and channels are 128 (q = 0); wscale (N,)
+fp32, whose length is N. `unpack_weight` gives back the (N, Kp) uint8 matrix. Any K: the activations are read as
+zero-padded to Kp (so a K that is not a multiple of 32 ends in a shorter block: the converted Gemma's attention
+output has K = 4 x 258). The width only bounds K (any K in (Kp - 32, Kp] fits it): the caller passes the K the
+weight was built with (`Int8Linear` does).
 
-Legend: M activation rows, K reduced dim, Kp padded K, N output channels.
+Legend: M activation rows, K reduced dim, Kp padded K, N output channels, G groups of 16 channels.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ import torch.nn.functional as F
 
 from kernels._cpp import ISA_ENV, auto_impl, build_error, build_isa, extension
 
-__all__ = ["ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "q8_linear", "q8_linear_cpp", "q8_linear_ref",
-           "quantize_activations_ref", "quantize_weight"]
+__all__ = ["GROUP", "ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "live_columns", "q8_linear",
+           "q8_linear_cpp", "q8_linear_ref", "quantize_activations_ref", "quantize_weight", "unpack_weight"]
 
 Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
-QK = 32  # activation block along K
-_CHUNK = 64  # the kernel reads K in 64-byte registers: weights are padded to a multiple of this
+QK = 32  # activation block along K; weights are padded to a multiple of it
+GROUP = 16  # output channels per packed group: the 16 int32 lanes of one 512-bit register
 
 
 def available() -> bool:
@@ -50,27 +55,51 @@ def available() -> bool:
     return extension() is not None
 
 
-def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """The built kernel's raw entry point `q8_gemm(x, wq, wscale)` (None where it did not build), for hot loops
+def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:
+    """The built kernel's raw entry point `q8_gemm(x, wq, wscale, kmask)` (None where it did not build), for hot loops
     that validated their weights once (`canvas.model.int8`): it checks dtypes and shapes itself (RuntimeError),
     but x must be (M, K) fp32 and contiguous."""
     mod = extension()
     return None if mod is None else mod.q8_gemm
 
 
-def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (N, K) fp32 -> (wq (N, Kp) uint8 = q + 128, padded with 128 to a multiple of 64; wscale (N,) fp32):
-    symmetric per output channel, q = round(w / scale) in [-127, 127]; an all-zero row keeps scale 1."""
+def _quantize_channels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) fp32 -> (q (N, K) fp32 holding integers in [-127, 127], scale (N,)): symmetric per output channel;
+    an all-zero row keeps scale 1."""
     if w.dim() != 2 or w.dtype != torch.float32 or w.shape[1] == 0:
         raise ValueError(f"quantize_weight takes a 2-D fp32 weight with K > 0, got {tuple(w.shape)} {w.dtype}")
-    N, K = w.shape
     w = w.detach()
     amax = w.abs().amax(dim=1)  # (N,)
     scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
-    q = (w / scale[:, None]).round_().clamp_(-127, 127).add_(128).to(torch.uint8)  # (N, K)
-    pad = -K % _CHUNK
-    wq = F.pad(q, (0, pad), value=128) if pad else q.contiguous()  # (N, Kp)
-    return wq, scale.float().contiguous()
+    return (w / scale[:, None]).round_().clamp_(-127, 127), scale.float().contiguous()
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) fp32 -> (wq (G, Kp / 4, 64) uint8, the packed layout of the module docstring; wscale (N,) fp32):
+    symmetric per output channel, q = round(w / scale) in [-127, 127]; an all-zero row keeps scale 1."""
+    qf, scale = _quantize_channels(w)  # (N, K), (N,)
+    N, K = qf.shape
+    q = F.pad(qf.add_(128).to(torch.uint8), (0, -K % QK, 0, -N % GROUP), value=128)  # (G * 16, Kp)
+    G, Kp = q.shape[0] // GROUP, q.shape[1]
+    wq = q.view(G, GROUP, Kp // 4, 4).transpose(1, 2).reshape(G, Kp // 4, GROUP * 4)  # (G, Kp / 4, 64)
+    return wq.contiguous(), scale
+
+
+def live_columns(w: torch.Tensor) -> torch.Tensor | None:
+    """w (N, K) -> kmask (K,) fp32: 1 where a column has a nonzero quantised weight (`quantize_weight`'s), 0
+    where every one rounds to zero; None when every column is live. An activation under a dead column contributes
+    exactly nothing to the q8 product, but quantised with its neighbours it would set their block's scale: the
+    converted Gemma's attention output carries its large value-anchor activations under such columns (weights
+    ~1e-5 of their rows' largest: `canvas/convert/gemma3.py` builds them zero), which cost q8 the probe bound
+    (news NLL/char 1.099x fp32) before this mask."""
+    live = (_quantize_channels(w)[0] != 0).any(dim=0)  # (K,)
+    return None if bool(live.all()) else live.float().contiguous()
+
+
+def unpack_weight(wq: torch.Tensor, N: int) -> torch.Tensor:
+    """The packed wq (G, Kp / 4, 64) -> the (N, Kp) uint8 matrix q + 128 it holds."""
+    G, K4, _ = wq.shape
+    return wq.view(G, K4, GROUP, 4).transpose(1, 2).reshape(G * GROUP, K4 * 4)[:N]
 
 
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,48 +112,57 @@ def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return (xb * inv[..., None]).round_().view(M, -1), d
 
 
-def q8_linear_ref(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
-    """Torch reference: x (M, K) fp32, wq (N, Kp) uint8, wscale (N,) -> (M, N) fp32, the module's numerics.
+def q8_linear_ref(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor,
+                  kmask: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch reference: x (M, K) fp32, packed wq, wscale (N,), kmask (K,) or None -> (M, N) fp32, the module's
+    numerics.
 
-    Bytes: read M*K*4 + N*Kp + N*4, write M*N*4. FLOPs: 2*M*N*K (plus the dequantisation, O(M*K + N*K)).
+    Bytes: read M*K*4 + G*16*Kp + N*4, write M*N*4. FLOPs: 2*M*N*K (plus the dequantisation, O(M*K + N*K)).
     """
     M, K = x.shape
-    q, d = quantize_activations_ref(x.float())  # (M, K32), (M, K32 / 32)
+    q, d = quantize_activations_ref(x.float() if kmask is None else x.float() * kmask)  # (M, K32), (M, K32 / 32)
     xd = (q.view(M, -1, QK) * d[..., None]).view(M, -1)[:, :K]  # (M, K) dequantised activations
-    w = (wq[:, :K].float() - 128) * wscale[:, None]  # (N, K)
+    w = (unpack_weight(wq, wscale.shape[0])[:, :K].float() - 128) * wscale[:, None]  # (N, K)
     return xd @ w.t()
 
 
-def _check(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> None:
+def _check(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, kmask: torch.Tensor | None) -> None:
     if x.dim() != 2 or x.dtype != torch.float32:
         raise ValueError(f"x must be (M, K) fp32, got {tuple(x.shape)} {x.dtype}")
-    if wq.dim() != 2 or wq.dtype != torch.uint8:
-        raise ValueError(f"wq must be (N, Kp) uint8 from quantize_weight, got {tuple(wq.shape)} {wq.dtype}")
-    if wscale.shape != (wq.shape[0],) or wscale.dtype != torch.float32:
-        raise ValueError(f"wscale must be ({wq.shape[0]},) fp32, got {tuple(wscale.shape)} {wscale.dtype}")
+    if wq.dim() != 3 or wq.shape[2] != 4 * GROUP or wq.dtype != torch.uint8:
+        raise ValueError(f"wq must be (G, Kp / 4, 64) uint8 from quantize_weight, got {tuple(wq.shape)} {wq.dtype}")
+    if wscale.dim() != 1 or wscale.dtype != torch.float32 or -(-wscale.shape[0] // GROUP) != wq.shape[0]:
+        raise ValueError(f"wscale must be (N,) fp32 with ceil(N / 16) = {wq.shape[0]} groups, got "
+                         f"{tuple(wscale.shape)} {wscale.dtype}")
     K = x.shape[1]
     if K == 0:
         raise ValueError("K must be > 0")
-    if wq.shape[1] != K + (-K % _CHUNK):
-        raise ValueError(f"wq is {wq.shape[1]} wide; K={K} needs {K + (-K % _CHUNK)} (quantize_weight's padding)")
-    if any(t.device.type != "cpu" for t in (x, wq, wscale)):
+    if wq.shape[1] * 4 != K + (-K % QK):
+        raise ValueError(f"wq is {wq.shape[1] * 4} wide; K={K} needs {K + (-K % QK)} (quantize_weight's padding)")
+    if kmask is not None and (kmask.shape != (K,) or kmask.dtype != torch.float32):
+        raise ValueError(f"kmask must be ({K},) fp32 from live_columns, got {tuple(kmask.shape)} {kmask.dtype}")
+    if any(t.device.type != "cpu" for t in (x, wq, wscale, *(() if kmask is None else (kmask,)))):
         raise ValueError("q8_linear runs on CPU tensors only")
 
 
-def q8_linear_cpp(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
+def q8_linear_cpp(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor,
+                  kmask: torch.Tensor | None = None) -> torch.Tensor:
     """Validating launcher of the C++ kernel (contract in the module docstring); raises RuntimeError when the
     kernel could not be built here."""
-    _check(x, wq, wscale)
+    _check(x, wq, wscale, kmask)
     mod = extension()
     if mod is None:
         raise RuntimeError(f"the q8 C++ kernel is unavailable here: {build_error() or 'unknown'}")
-    out: torch.Tensor = mod.q8_gemm(x.contiguous(), wq.contiguous(), wscale.contiguous())
+    km = None if kmask is None else kmask.contiguous()
+    out: torch.Tensor = mod.q8_gemm(x.contiguous(), wq.contiguous(), wscale.contiguous(), km)
     return out
 
 
-def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Impl = "auto") -> torch.Tensor:
-    """x (..., K) fp32 @ the Q8 weight (N, Kp) -> (..., N) fp32. "auto": the C++ kernel where it built (a warning,
-    once, where it did not) and no input needs grad, else the reference."""
+def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Impl = "auto",
+              kmask: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) fp32 @ the Q8 weight (`quantize_weight`'s; `kmask` from `live_columns`) -> (..., N) fp32.
+    "auto": the C++ kernel where it built (a warning, once, where it did not) and no input needs grad, else the
+    reference."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     lead = x.shape[:-1]
@@ -132,8 +170,8 @@ def q8_linear(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor, impl: Imp
     if impl == "auto":
         impl = auto_impl(not (torch.is_grad_enabled() and x.requires_grad), available(), "q8 C++ kernel")
     if impl == "ref":
-        _check(flat, wq, wscale)
-        out = q8_linear_ref(flat, wq, wscale)
+        _check(flat, wq, wscale, kmask)
+        out = q8_linear_ref(flat, wq, wscale, kmask)
     else:
-        out = q8_linear_cpp(flat, wq, wscale)
-    return out.view(*lead, wq.shape[0])
+        out = q8_linear_cpp(flat, wq, wscale, kmask)
+    return out.view(*lead, wscale.shape[0])

@@ -363,11 +363,14 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
     without: dict[str, float] = {}
     if scheme is not None:
         without = {"decode_b1_step_ms": decode_s(model, shape, 1) * 1e3,
-                   f"decode_b{shape.batch}_step_ms": decode_s(model, shape, shape.batch) * 1e3}
+                   f"decode_b{shape.batch}_step_ms": decode_s(model, shape, shape.batch) * 1e3,
+                   "prefill_ms": prefill_s(model, shape) * 1e3}  # "q8" serves prefill too (int8.ROW_LIMITS)
         fidelity = int8_fidelity(model, scheme, shape)  # leaves the int8 weights in place
         extra_rows = [
             (f"without int8: batch 1 / batch {shape.batch} step ms",
              f"{without['decode_b1_step_ms']:.1f} / {without[f'decode_b{shape.batch}_step_ms']:.1f}"),
+            (f"without int8: prefill {shape.prompt} tokens, tok/s",
+             f"{shape.prompt / without['prefill_ms'] * 1e3:.0f}"),
             ("int8 vs fp32 steps: top-1 / KL nats / ppl ratio",
              f"{fidelity['top1_agree']:.3f} / {fidelity['kl']:.4f} / {fidelity['ppl_ratio']:.3f}"),
         ]

@@ -14,8 +14,9 @@ per layer, casts around every norm, routing with host syncs and a sort). Here, p
   expert's gate/up on every row in one matmul, the routing weights zero for experts a row did not pick (their
   outputs add exact zeros), reading all of a layer's tiny experts (2 MB fp32 on Gemma-3-270M). Either way no
   sort and no grouping (~20 ops a layer on the general path).
-- the single query a row attends by two matmuls and a softmax (`_attend_one`), faster than CPU SDPA's flash
-  kernel, which is built for blocks of queries;
+- the single query a row attends in one C++ call for fp32 on the CPU (`kernels.attend_cpu`: each cached key and
+  value row read once for the query heads sharing it, no per-layer matmul / mask / softmax ops), else by two
+  matmuls and a softmax (`_attend_one`), faster than CPU SDPA's flash kernel, which is built for blocks of queries;
 - once the sliding window is full, its buffers serve as a ring (`KVCache.ring`): the step attends over the window
   and its own key in two pieces and overwrites the oldest slot, where the general path concatenates the window
   with the new key and shifts it back (two copies of every sliding layer's cache, every row, every step).
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from canvas.model.int8 import int8_weight_mm, q8_mm
+from kernels import attend_cpu
 from kernels.rmsnorm_cpu import fused_kernel
 
 if TYPE_CHECKING:
@@ -54,8 +56,8 @@ if TYPE_CHECKING:
     from canvas.model.model import Attention, DiffusionModel
 
 # A projection as `pre_attention` / `post_attention` take it: (fp32 weight, int8 weight or None, scales or None,
-# pad of the int8 weight's reduced dim).
-Lin = tuple[Tensor, Tensor | None, Tensor | None, int]
+# pad of the int8 weight's reduced dim, q8's live-column mask or None).
+Lin = tuple[Tensor, Tensor | None, Tensor | None, int, Tensor | None]
 
 
 _FUSED_NORM: list[Any] = []  # kernels.rmsnorm_cpu's raw entry point (None where it did not build), looked up once
@@ -90,10 +92,10 @@ def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None 
 
 def _mm(x: Tensor, lin: Lin) -> Tensor:
     """x (B, K) @ the projection: its int8 weights when given, else the fp32 (model dtype) ones."""
-    w, q, s, pad = lin
+    w, q, s, pad, kmask = lin
     if q is None or s is None:
         return F.linear(x, w)
-    return q8_mm(x, q, s) if q.dtype == torch.uint8 else int8_weight_mm(x, q, s, pad)
+    return q8_mm(x, q, s, kmask) if q.dtype == torch.uint8 else int8_weight_mm(x, q, s, pad)
 
 
 def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Tensor, sin: Tensor, *,
@@ -113,17 +115,21 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
 
 def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin, norms: tuple[Tensor, ...],
                    router: tuple[Tensor, Tensor, Tensor], experts: tuple[Tensor, Tensor], scalar: Tensor, *,
-                   top_k: int, eps: float, sparse: bool = False) -> Tensor:
+                   top_k: int, eps: float, sparse: bool = False, routed_on: bool = True) -> Tensor:
     """The rest of a layer for x (B, M) and the attention's output att (B, H * D): output projection and residual,
     then `Block.feed_forward` (dense MLP beside the routed experts, run dense; see the module docstring), times the
     layer scalar. `norms`: post-attention, pre-FF, pre-FF 2, post-FF 1, post-FF 2, post-FF weights; `router`:
     projection, input scale, per-expert scale; `experts`: gate/up (E, 2I, M), down (E, M, I). `sparse`: run only
-    the picked experts, one row at a time (a host sync for their ids; eager only), else all of them. -> (B, M)."""
+    the picked experts, one row at a time (a host sync for their ids; eager only), else all of them. `routed_on`
+    False: the routed branch's output norm is all zeros (`_routed_on`), so it adds exact zeros and is skipped.
+    -> (B, M)."""
     post_attn, pre_ff, pre_ff2, post_ff1, post_ff2, post_ff = norms
     h = _norm(_mm(att, o_proj), post_attn, eps, residual=x)  # (B, M): x + norm(o)
     B, M = h.shape
     gate, up = _mm(_norm(h, pre_ff, eps), gate_up).chunk(2, dim=-1)
     dense = _mm(F.gelu(gate, approximate="tanh") * up, down)
+    if not routed_on:  # norm(routed) * 0 is exactly 0: the same sum without it
+        return _norm(_norm(dense, post_ff1, eps), post_ff, eps, residual=h, scale=scalar)
     # Routing as `Block.route`: top-k of the softmax, renormalised, times the per-expert scale.
     router_proj, router_scale, expert_scale = router
     # fp32: the scale inside the fused norm (the same products); other dtypes: rounded as `Block.route` rounds them.
@@ -165,7 +171,7 @@ def _picked_experts(x: Tensor, weights: Tensor, ids: Tensor, w_gate_up: Tensor, 
 
 def _lin(weight: Tensor, int8: Int8Linear | None, quant: bool) -> Lin:
     t = int8.weight_tensors() if quant and int8 is not None else None
-    return (weight, None, None, 0) if t is None else (weight, *t)
+    return (weight, None, None, 0, None) if t is None else (weight, *t)
 
 
 def _rope(attn: Attention, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -173,6 +179,21 @@ def _rope(attn: Attention, positions: Tensor, dtype: torch.dtype) -> tuple[Tenso
     freqs = positions[:, None].float() * attn.inv_freq.float()  # (B, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (B, 1, D)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+_ROUTED: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], bool]] = weakref.WeakKeyDictionary()
+
+
+def _routed_on(layer: Any) -> bool:
+    """Whether the layer's routed experts can change its output: False when their output norm's weight
+    (`post_feedforward_layernorm_2`) is all zeros, as the converted Gemma 3 builds it (its routed branch is an
+    exact no-op). Rechecked when the weight is replaced or modified in place (its version counter)."""
+    w = layer.post_feedforward_layernorm_2
+    key = (w.data_ptr(), w._version)
+    hit = _ROUTED.get(layer)
+    if hit is None or hit[0] != key:
+        hit = _ROUTED[layer] = (key, bool(w.detach().any()))
+    return hit[1]
 
 
 _QK_NORMS: weakref.WeakKeyDictionary[Attention, tuple[tuple[int, ...], Tensor]] = weakref.WeakKeyDictionary()
@@ -199,11 +220,25 @@ def _cache_step(cache: KVCache, i: int, k: Tensor, v: Tensor, start: int, n_tail
     return lkv.k[:, :, : at + 1], lkv.v[:, :, : at + 1]
 
 
+_ATTEND: list[Any] = []  # the C++ attention's entry point (or None), looked up once per process
+
+
+def _attend_kernel(q: Tensor) -> Any:
+    """`kernels.attend_cpu`'s raw kernel where it built and q is fp32 on the CPU, else None (the torch ops)."""
+    if not _ATTEND:
+        _ATTEND.append(attend_cpu.kernel())
+    return _ATTEND[0] if q.dtype == torch.float32 and q.device.type == "cpu" else None
+
+
 def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """One query a row over its keys, scale 1: q (B, H, 1, D), keys / values (B, G, S, D), mask (B, 1, 1, S) bool
     or None -> (B, H, 1, D). Two matmuls and a softmax: for a single query this beats CPU SDPA's flash kernel
     (built for blocks of queries), e.g. 327 against 482 us at 8 rows over 257 keys of Gemma-3-270M's shapes."""
     B, H, _, D = q.shape
+    fn = _attend_kernel(q)
+    if fn is not None:
+        m = None if mask is None else mask.reshape(B, -1).contiguous()  # (B, S)
+        return fn(q.reshape(B, H, D).contiguous(), keys, values, m, None, None).view(B, H, 1, D)
     G = keys.shape[1]
     scores = q.reshape(B, G, H // G, D) @ keys.transpose(-1, -2)  # (B, G, H/G, S): heads grouped by KV head
     if mask is not None:
@@ -220,13 +255,20 @@ def _ring_attend(q: Tensor, k: Tensor, v: Tensor, buf_k: Tensor, buf_v: Tensor, 
     mask (B, 1, 1, S + 1) over them in order then this token, or None. -> (B, H, 1, D), scale 1 as everywhere."""
     B, H, _, D = q.shape
     G, S = buf_k.shape[1], buf_k.shape[2]
-    qg = q.reshape(B, G, H // G, D)  # query heads grouped by their KV head (SDPA's enable_gqa order)
-    scores = torch.cat([qg @ buf_k.transpose(-1, -2), (qg * k.view(B, G, 1, D)).sum(-1, keepdim=True)], dim=-1)
-    if mask is not None:  # in slot order: the old positions rotated as the buffers are
-        scores = scores.masked_fill(~torch.cat([torch.roll(mask[..., :S], ring, dims=-1), mask[..., S:]], -1),
-                                    float("-inf"))
-    p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, G, H/G, S + 1)
-    out = p[..., :S] @ buf_v + p[..., S:] * v.view(B, G, 1, D)  # (B, G, H/G, D)
+    # In slot order: the old positions rotated as the buffers are, then this token.
+    slots = None if mask is None else torch.cat([torch.roll(mask[..., :S], ring, dims=-1), mask[..., S:]], -1)
+    fn = _attend_kernel(q)
+    if fn is not None:
+        m = None if slots is None else slots.reshape(B, S + 1)
+        out = fn(q.reshape(B, H, D).contiguous(), buf_k, buf_v, m, k.reshape(B, G, D).contiguous(),
+                 v.reshape(B, G, D).contiguous())
+    else:
+        qg = q.reshape(B, G, H // G, D)  # query heads grouped by their KV head (SDPA's enable_gqa order)
+        scores = torch.cat([qg @ buf_k.transpose(-1, -2), (qg * k.view(B, G, 1, D)).sum(-1, keepdim=True)], dim=-1)
+        if slots is not None:
+            scores = scores.masked_fill(~slots, float("-inf"))
+        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # (B, G, H/G, S + 1)
+        out = p[..., :S] @ buf_v + p[..., S:] * v.view(B, G, 1, D)  # (B, G, H/G, D)
     buf_k[:, :, ring] = k[:, :, 0]
     buf_v[:, :, ring] = v[:, :, 0]
     return out.view(B, H, 1, D)
@@ -277,7 +319,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
                   layer.post_feedforward_layernorm),
                  (layer.router_proj, layer.router_scale, layer.per_expert_scale),
                  (layer.experts_gate_up, layer.experts_down), layer.encoder_scalar, top_k=layer.top_k, eps=eps,
-                 sparse=sparse)
+                 sparse=sparse, routed_on=_routed_on(layer))
     if ring_size:  # this token took the oldest slot of every sliding layer
         cache.ring = (cache.ring + 1) % ring_size
     return x

@@ -4,7 +4,7 @@ Owns `Int8Linear` (one weight, quantised once per output channel), `int8_weight_
 plain aten ops, for the compiled decode step), `quantize_decode` (attaches them to a model's dense projections and
 its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting), `scheme_for` (what a served model gets: "auto",
 the default, is "q8" for fp32 models of `AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
-`decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark) and `DECODE_ROWS`.
+`decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark), `DECODE_ROWS` and `ROW_LIMITS`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
 a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (the 32k
@@ -16,18 +16,20 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
   stored zero-padded and their inputs padded to match. The closer of the two to fp32.
 - "q8" (what "auto" picks where the kernel builds): `kernels.q8_gemm`, int8 weights per output channel, activations
   quantised at run time to int8 per block of 32 along K (llama.cpp's Q8_0 for activations: an outlier coarsens only
-  its block), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection but the
-  attention output (weight-only: see `quantize_decode`); a C++ extension built once per machine. Faster than
-  "weight" at one row and far more at eight (it reads each weight tile once for all rows); probe NLL per character
-  1.0003-1.0048x fp32 by kind (bound 1.005x; BENCHMARKS.md, issue 31).
+  its block; the attention output's weight columns that quantise to zero are masked out first, see
+  `quantize_decode`), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection and the
+  head; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight (it reads
+  each weight tile once for all rows), and faster than fp32 at prefill's hundreds of rows, so it serves prefill
+  too (`ROW_LIMITS`); probe NLL per character within 1.005x fp32 by kind (BENCHMARKS.md, issue 31).
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
   and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
   useless (on the converted Gemma-3-270M, dynamic there alone moves top-1 on every position). Even so it is far
   from fp32 on that model (24 decode steps of English text, teacher-forced: mean KL 0.06 nats, top-1 79 %; "weight":
   0.004 nats, 92 %): an option to measure, not to serve, until per-channel activation scales tame the outliers.
-Invariants: only passes of at most `DECODE_ROWS` rows (batch x tokens) through `DiffusionModel.encode` use them
-(`encode` decides); prefill, the denoiser and training keep the model's dtype and exact numerics. The int8 copies
+Invariants: only passes through `DiffusionModel.encode` of at most `ROW_LIMITS[scheme]` rows (batch x tokens) use
+them (`encode` decides: decode steps for "weight" and "dynamic", prefill too for "q8"); the denoiser and training
+keep the model's dtype and exact numerics. The int8 copies
 live beside the fp32 weights (about a quarter more memory) and are rebuilt by calling `quantize_decode` again
 after the weights change. Fidelity is measured, not assumed: `dcanvas bench ar --int8 SCHEME` reports the top-1
 agreement and KL of int8 decode steps against fp32 on the same prefix, `dcanvas model check --only probes --int8
@@ -54,6 +56,12 @@ SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight", "q8")
 ENV_VAR = "DCANVAS_DECODE_INT8"
 # Passes of at most this many rows use the int8 weights: AR steps of a few sequences, not prefill or a canvas.
 DECODE_ROWS = 16
+# ... per scheme (`DiffusionModel.encode` reads it unless `int8_rows` overrides it). "weight" and "dynamic": decode
+# steps only (their kernels lose to fp32's oneDNN GEMM at many rows, and prefill keeps exact fp32). "q8": every
+# `encode` pass, prefill included: its VNNI kernel beats fp32 at every row count measured (256 rows: 2.5-2.9x,
+# `python -m kernels.cpu_bench`), and its fidelity bound is measured with every pass through it (`dcanvas model
+# check --int8 q8`). The denoiser and training never use int8.
+ROW_LIMITS: dict[Scheme, int] = {"weight": DECODE_ROWS, "dynamic": DECODE_ROWS, "q8": 1 << 30}
 _PACK_MULTIPLE = 16  # `_weight_int8pack_mm`'s reduced dimension must be a multiple of this
 
 
@@ -72,8 +80,10 @@ class Int8Linear:
         amax = w.abs().amax(dim=1)  # (N,)
         scale = (amax / 127).masked_fill_(amax == 0, 1.0)  # (N,)
         self._packed: Any = None
+        self._kmask: Tensor | None = None
         if scheme == "q8":
-            self._q, self._scale = q8_gemm.quantize_weight(w)  # (N, Kp) uint8 (q + 128), (N,) fp32
+            self._q, self._scale = q8_gemm.quantize_weight(w)  # (G, Kp / 4, 64) uint8 (q + 128), (N,) fp32
+            self._kmask = q8_gemm.live_columns(w)  # (K,) or None: dead columns' activations kept out of q8
             self._pad = 0
         elif scheme == "dynamic":
             with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
@@ -93,16 +103,16 @@ class Int8Linear:
         if self.scheme == "dynamic":
             out = torch.ops.quantized.linear_dynamic(flat.contiguous(), self._packed, True)  # reduce_range
         elif self.scheme == "q8":
-            out = q8_mm(flat, self._q, self._scale)
+            out = q8_mm(flat, self._q, self._scale, self._kmask)
         else:
             out = int8_weight_mm(flat, self._q, self._scale, self._pad)
         return out.view(*lead, self.out_features)
 
-    def weight_tensors(self) -> tuple[Tensor, Tensor, int] | None:
-        """(int8 weight (N, K + pad), bf16 scales (N,), pad) of the "weight" scheme, for `int8_weight_mm`; under
-        "q8" (uint8 weight (N, Kp), fp32 scales (N,), 0), for `q8_mm` (the weight's dtype tells them apart); None
-        under "dynamic" (its packed weight is an opaque object)."""
-        return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad)
+    def weight_tensors(self) -> tuple[Tensor, Tensor, int, Tensor | None] | None:
+        """(int8 weight (N, K + pad), bf16 scales (N,), pad, None) of the "weight" scheme, for `int8_weight_mm`;
+        under "q8" (packed uint8 weight, fp32 scales (N,), 0, live-column mask or None), for `q8_mm` (the weight's
+        dtype tells them apart); None under "dynamic" (its packed weight is an opaque object)."""
+        return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad, self._kmask)
 
 
 def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
@@ -118,15 +128,16 @@ def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
 _Q8_FN: list[Any] = []  # the built kernel's entry point (or None), looked up once per process
 
 
-def q8_mm(x: Tensor, wq: Tensor, wscale: Tensor) -> Tensor:
-    """x (R, K) fp32 @ the "q8" scheme's weight (`kernels.q8_gemm.quantize_weight`'s layout) -> (R, N) fp32:
-    the C++ kernel where it built, else its torch reference (`q8_linear` warns once)."""
+def q8_mm(x: Tensor, wq: Tensor, wscale: Tensor, kmask: Tensor | None = None) -> Tensor:
+    """x (R, K) fp32 @ the "q8" scheme's weight (`kernels.q8_gemm.quantize_weight`'s layout; `kmask` from
+    `live_columns`) -> (R, N) fp32: the C++ kernel where it built, else its torch reference (`q8_linear` warns
+    once)."""
     if not _Q8_FN:
         _Q8_FN.append(q8_gemm.kernel())
     fn = _Q8_FN[0]
     if fn is None:
-        return q8_gemm.q8_linear(x, wq, wscale)
-    out: Tensor = fn(x.contiguous(), wq, wscale)
+        return q8_gemm.q8_linear(x, wq, wscale, kmask=kmask)
+    out: Tensor = fn(x.contiguous(), wq, wscale, kmask)
     return out
 
 
@@ -175,11 +186,13 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
     with torch.no_grad():
         for layer in model.blocks:
             layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
-            # The attention output stays weight-only under every scheme: its outliers defeat fbgemm's per-tensor
-            # activation scale, and the converted Gemma's anchor dims (large values under zero weight columns) set
-            # the scale of the q8 block they sit in, so that block's 31 other values lose their precision (q8 here
-            # alone: news NLL/char 1.099x fp32; everywhere else 1.0004-1.0011x each).
-            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, "weight")
+            # The attention output: q8 keeps the converted Gemma's value-anchor dims (large activations under
+            # weight columns that quantise to zero) out of its blocks' scales (`live_columns`), which without it
+            # cost the probe bound (news NLL/char 1.099x fp32); with it the probe NLL is within 0.0005x of
+            # weight-only int8's here on every kind, lower on news and code (BENCHMARKS.md, issue 31). "dynamic"
+            # keeps it weight-only: those outliers defeat fbgemm's per-tensor activation scale.
+            o_scheme: Scheme = "q8" if scheme == "q8" else "weight"
+            layer.attn.o_proj_int8 = None if scheme is None else Int8Linear(layer.attn.o_proj, o_scheme)
             layer.mlp_gate_up_int8 = None if scheme is None else Int8Linear(layer.mlp_gate_up, scheme)
             layer.mlp_down_int8 = None if scheme is None else Int8Linear(layer.mlp_down, scheme)
         model.head_int8 = None if scheme is None else Int8Linear(model.embed, scheme)

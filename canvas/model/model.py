@@ -3,7 +3,8 @@
 - `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
   their window) and returns the AR next-token logits. Its decode step (T = 1, any B) builds no causal mask and
   appends sliding keys in place while the window has room (same values as the general path); passes of at most
-  `DECODE_ROWS` rows go through int8 weight copies where `canvas.model.int8.quantize_decode` attached them.
+  the scheme's `ROW_LIMITS` rows (decode steps; for "q8" prefill too) go through int8 weight copies where
+  `canvas.model.int8.quantize_decode` attached them.
 - `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
   (softmax of the previous step's logits @ embeddings through a gated MLP) when given; skipped, exactly, while that
   MLP is all zeros (`SelfConditioning.inert`, a converted checkpoint). `logits_at` runs the final norm and the LM
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
 from canvas.model.decode import DecodeCompiler, decode_layers
-from canvas.model.int8 import DECODE_ROWS
+from canvas.model.int8 import ROW_LIMITS
 from canvas.model.io import load_dir, save_pretrained
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
@@ -213,7 +214,8 @@ class DiffusionModel(nn.Module):
         self.self_conditioning = SelfConditioning(config)
         self.head_int8: Int8Linear | None = None  # decode-step copies (canvas.model.int8.quantize_decode)
         self.decode_int8: Scheme | None = None
-        self.int8_rows = DECODE_ROWS  # passes of at most this many rows use them (a fidelity check raises it)
+        # Passes of at most this many rows use them; None: the scheme's `ROW_LIMITS` (a fidelity check raises it).
+        self.int8_rows: int | None = None
         self.decode_fast = True  # one-token steps through canvas.model.decode (False: the general path, to compare)
         self.decode_compile: DecodeCompiler | None = None  # its compiled halves (canvas.model.decode)
         if init:
@@ -348,8 +350,10 @@ class DiffusionModel(nn.Module):
             lkv.v[:, :, start : start + T] = v
             return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask
 
-        # Decode steps (a few rows) go through the int8 weights when the model has them; prefill never does.
-        quant = self.decode_int8 is not None and B * T <= self.int8_rows
+        # Decode steps (a few rows) go through the int8 weights when the model has them; prefill only under "q8".
+        quant = False
+        if self.decode_int8 is not None:
+            quant = B * T <= (ROW_LIMITS[self.decode_int8] if self.int8_rows is None else self.int8_rows)
         if T == 1 and attention_mask is None and self.decode_fast:
             # The one-token step through its own few-op layer stack (canvas.model.decode), same cache writes.
             x = decode_layers(self, x[:, 0], positions[:, 0], cache, start, {False: full_mask, True: sliding_mask},

@@ -7,15 +7,22 @@ import pytest
 import torch
 
 from kernels import _cpp, q8_gemm
-from kernels.q8_gemm import q8_linear, q8_linear_ref, quantize_activations_ref, quantize_weight
+from kernels.q8_gemm import (
+    live_columns,
+    q8_linear,
+    q8_linear_ref,
+    quantize_activations_ref,
+    quantize_weight,
+    unpack_weight,
+)
 
 needs_kernel = pytest.mark.skipif(not q8_gemm.available(), reason="the q8 C++ kernel does not build here")
 
-# M rows (decode 1..16, prefill 256), K (96 and 160: not multiples of the 64-byte register; 1032 (the converted
-# Gemma's attention output, 4 x 258), 7 and 45: not even of the block of 32, a short last block), N (tails of the
-# 4-channel tile).
+# M rows (decode 1..16 and the tails of the 3- and 4-row tiles, prefill 256), K (1032: the converted Gemma's
+# attention output, 4 x 258; 7, 45, 1030: not multiples of the block of 32, a short last block), N (tails of the
+# 16-channel group and of the 3- and 4-group tiles).
 SHAPES = [(1, 32, 1), (1, 640, 1536), (3, 96, 33), (8, 2048, 640), (16, 640, 4099), (256, 160, 70), (5, 1032, 7),
-          (2, 7, 3), (3, 45, 9)]
+          (2, 7, 3), (3, 45, 9), (6, 1030, 100), (7, 64, 200), (2, 640, 1548)]
 
 
 def _inputs(M: int, K: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,14 +35,15 @@ def _inputs(M: int, K: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor,
 def _oracle(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
     """Loop oracle: integer dot products block by block, in float64."""
     M, K = x.shape
-    N = wq.shape[0]
+    N = wscale.shape[0]
+    wm = unpack_weight(wq, N)  # (N, Kp)
     out = torch.zeros(M, N, dtype=torch.float64)
     for m in range(M):
         for b in range((K + 31) // 32):
             blk = x[m, b * 32 : (b + 1) * 32].double()  # the last one may be short
             d = float(blk.abs().max()) / 127
             q = torch.round(blk / d).long() if d > 0 else torch.zeros(len(blk), dtype=torch.long)
-            w = wq[:, b * 32 : b * 32 + len(blk)].long() - 128  # (N, <= 32)
+            w = wm[:, b * 32 : b * 32 + len(blk)].long() - 128  # (N, <= 32)
             out[m] += (w @ q).double() * d
     return (out * wscale.double()).float()
 
@@ -67,14 +75,19 @@ def test_quantisation_is_per_block(gen: torch.Generator) -> None:
 
 
 def test_weight_layout(gen: torch.Generator) -> None:
-    w = torch.randn(5, 96, generator=gen)
+    w = torch.randn(5, 90, generator=gen)
     w[2] = 0
     wq, ws = quantize_weight(w)
-    assert wq.shape == (5, 128) and wq.dtype == torch.uint8
-    assert (wq[:, 96:] == 128).all()  # padding is q = 0
-    assert ws[2] == 1.0 and (wq[2] == 128).all()
-    deq = (wq[:, :96].float() - 128) * ws[:, None]
-    assert (deq - w).abs().max() <= ws.max() / 2 + 1e-6
+    assert wq.shape == (1, 24, 64) and wq.dtype == torch.uint8  # one group of 16 channels, K 90 -> 96, 4 a step
+    # byte [g, k4, 4c + j] is channel 16g + c, K 4k4 + j
+    assert wq[0, 1, 4 * 3 + 2] == torch.round(w[3, 6] / ws[3]) + 128
+    assert (wq.view(24, 16, 4)[:, 5:] == 128).all()  # padding channels are q = 0
+    wm = unpack_weight(wq, 5)
+    assert wm.shape == (5, 96)
+    assert ws[2] == 1.0 and (wm[2] == 128).all()
+    deq = (wm.float() - 128) * ws[:, None]
+    assert (deq[:, :90] - w).abs().max() <= ws.max() / 2 + 1e-6
+    assert (wm[:, 90:] == 128).all()  # padding columns are q = 0
 
 
 @needs_kernel
@@ -97,6 +110,31 @@ def test_kernel_leading_dims_and_zero_rows(gen: torch.Generator) -> None:
     torch.testing.assert_close(q8_linear(torch.zeros(2, 64), wq, ws, impl="cpp"), torch.zeros(2, 10))
 
 
+def test_live_columns_keep_anchor_dims_out_of_the_scales(gen: torch.Generator) -> None:
+    """The converted Gemma's attention output: huge activations under all-zero weight columns. Masked, they leave
+    their blocks' scales alone (the product is that of the weights' live columns, which they never touched)."""
+    M, K, N = 4, 1032, 40
+    x, w = torch.randn(M, K, generator=gen) * 3, torch.randn(N, K, generator=gen) * 0.05
+    dead = torch.tensor([3, 258 + 3, 516 + 40, 1031])
+    w[:, dead] = 0
+    x[:, dead] = 5000.0
+    kmask = live_columns(w)
+    assert kmask is not None and kmask.shape == (K,) and int(kmask.sum()) == K - 4 and (kmask[dead] == 0).all()
+    assert live_columns(torch.randn(3, 8, generator=gen)) is None
+    wq, ws = quantize_weight(w)
+    exact = x @ w.t()
+    masked = q8_linear_ref(x, wq, ws, kmask)
+    x0 = x.clone()
+    x0[:, dead] = 0
+    torch.testing.assert_close(masked, q8_linear_ref(x0, wq, ws))
+    err_masked = float((masked - exact).abs().max())
+    assert err_masked < float((q8_linear_ref(x, wq, ws) - exact).abs().max()) / 10  # unmasked: 4 blocks ruined (~40x)
+    if q8_gemm.available():
+        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp", kmask=kmask), masked, **_tol(masked))
+    with pytest.raises(ValueError, match="kmask"):
+        q8_linear(x, wq, ws, impl="ref", kmask=kmask[:-1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
@@ -108,11 +146,13 @@ def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, ge
         pytest.skip(str(e))
     if not q8_gemm.available():
         pytest.skip(f"the {isa} build failed here")
-    for M, K, N in SHAPES[:5]:
+    for M, K, N in SHAPES[:5] + SHAPES[-3:]:
         x, w = _inputs(M, K, N, gen)
+        w[:, 1] = 0
         wq, ws = quantize_weight(w)
-        ref = q8_linear_ref(x, wq, ws)
-        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp"), ref, **_tol(ref))
+        kmask = live_columns(w)
+        ref = q8_linear_ref(x, wq, ws, kmask)
+        torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp", kmask=kmask), ref, **_tol(ref))
 
 
 def test_bad_inputs_raise(gen: torch.Generator) -> None:

@@ -1,0 +1,102 @@
+"""One-query CPU attention: the reference vs SDPA, the C++ kernel vs the reference (cache views, masks, the ring's
+extra key, grouped heads), the launcher's checks and the "auto" fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import _cpp
+from kernels import attend_cpu as ac
+from kernels.attend_cpu import attend_one, attend_one_ref
+
+needs_kernel = pytest.mark.skipif(ac.kernel() is None, reason="the CPU C++ kernels do not build here")
+
+# (B, H, G, S, D): decode rows 1..16, Gemma-3-270M's 4 heads over 1 KV head and head dims 258 / 256 (a tail of the
+# 16-lane vector), grouped 2:1, one key, a window-sized cache, odd head dims.
+SHAPES = [(1, 4, 1, 288, 258), (8, 4, 1, 290, 256), (16, 4, 1, 33, 258), (3, 4, 2, 17, 7), (2, 2, 2, 1, 16),
+          (5, 8, 1, 100, 33)]
+
+
+def _inputs(B: int, H: int, G: int, S: int, D: int, gen: torch.Generator, cap: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, and keys / values as views of a larger static cache (capacity `cap` past S), as the decode step has them."""
+    q = torch.randn(B, H, D, generator=gen) * 0.3
+    k = torch.randn(B, G, S + cap, D, generator=gen)[:, :, :S]
+    v = torch.randn(B, G, S + cap, D, generator=gen)[:, :, :S]
+    return q, k, v
+
+
+def _tol(ref: torch.Tensor) -> dict[str, float]:
+    return {"rtol": 1e-5, "atol": 1e-5 * max(1.0, float(ref.abs().max()))}
+
+
+def test_ref_matches_sdpa(gen: torch.Generator) -> None:
+    B, H, G, S, D = 3, 4, 1, 20, 16
+    q, k, v = _inputs(B, H, G, S, D, gen)
+    mask = torch.rand(B, S, generator=gen) > 0.3
+    mask[:, 0] = True
+    want = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None, :], scale=1.0,
+                                          enable_gqa=True)[:, :, 0]
+    torch.testing.assert_close(attend_one_ref(q, k, v, mask), want, **_tol(want))
+    # The extra key is one more cached key: the same as attending over the concatenation.
+    ek, ev = torch.randn(B, G, D, generator=gen), torch.randn(B, G, D, generator=gen)
+    whole = attend_one_ref(q, torch.cat([k, ek[:, :, None]], 2), torch.cat([v, ev[:, :, None]], 2))
+    torch.testing.assert_close(attend_one_ref(q, k, v, None, ek, ev), whole, **_tol(whole))
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,H,G,S,D", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "mask", "extra", "extra+mask"])
+def test_kernel_matches_ref(B: int, H: int, G: int, S: int, D: int, variant: str, gen: torch.Generator) -> None:
+    q, k, v = _inputs(B, H, G, S, D, gen, cap=5)
+    extra = "extra" in variant
+    ek = torch.randn(B, G, D, generator=gen) if extra else None
+    ev = torch.randn(B, G, D, generator=gen) if extra else None
+    mask = None
+    if "mask" in variant:
+        mask = torch.rand(B, S + int(extra), generator=gen) > 0.4
+        mask[:, -1] = True  # no row entirely masked
+    ref = attend_one(q, k, v, mask, ek, ev, impl="ref")
+    torch.testing.assert_close(attend_one(q, k, v, mask, ek, ev, impl="cpp"), ref, **_tol(ref))
+
+
+@needs_kernel
+def test_masked_keys_weigh_nothing(gen: torch.Generator) -> None:
+    q, k, v = _inputs(2, 4, 1, 10, 24, gen)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[:, 3] = False
+    v2 = v.clone()
+    v2[:, :, 3] = 1e30  # would dominate if it leaked at all
+    got = attend_one(q, k, v2, mask, impl="cpp")
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, attend_one_ref(q, k, v, mask), **_tol(got))
+
+
+def test_bad_inputs_raise(gen: torch.Generator) -> None:
+    q, k, v = _inputs(2, 4, 1, 5, 8, gen)
+    with pytest.raises(ValueError, match="fp32"):
+        attend_one(q.double(), k, v, impl="ref")
+    with pytest.raises(ValueError, match="do not fit"):
+        attend_one(q[:, :3], k.expand(2, 2, 5, 8), v.expand(2, 2, 5, 8), impl="ref")
+    with pytest.raises(ValueError, match="mask"):
+        attend_one(q, k, v, torch.ones(2, 6, dtype=torch.bool), impl="ref")
+    with pytest.raises(ValueError, match="together"):
+        attend_one(q, k, v, None, torch.zeros(2, 1, 8), impl="ref")
+    with pytest.raises(ValueError, match="impl"):
+        attend_one(q, k, v, impl="triton")  # type: ignore[arg-type]
+
+
+def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
+    isa = _cpp.build_isa()
+    monkeypatch.setitem(_cpp._MODULES, isa, None)
+    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
+    monkeypatch.setattr(_cpp, "_WARNED", set())
+    q, k, v = _inputs(2, 4, 1, 5, 8, gen)
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        got = attend_one(q, k, v)
+    torch.testing.assert_close(got, attend_one_ref(q, k, v))
+    attend_one(q, k, v)  # no second warning
+    with pytest.raises(RuntimeError, match="unavailable"):
+        attend_one(q, k, v, impl="cpp")
