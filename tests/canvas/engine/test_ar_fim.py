@@ -51,13 +51,9 @@ def recording(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.Tensor, list[
     return seen
 
 
-def test_fim_lanes_read_the_fim_prompt(model: DiffusionModel) -> None:
-    """Greedy, one lane, no early end: the draft is the greedy middle after `fim_prompt(left, right)`, never a
-    sentinel, `<null>` nor EOS."""
-    ctx, left, gap, right = (2, 5, 11), 3, 6, 4
-    req = infill(ctx, left, gap, right, ar_drafts=1, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1, ar_no_repeat=0)
-    (done,), _ = run(Engine(model, fim=FIM), [req])
-    prompt = fim_prompt(FIM, [*ctx, *req.slot_ids[:left]], list(req.slot_ids[left + gap :]))
+def greedy_middle(model: DiffusionModel, prompt: list[int], gap: int) -> list[int]:
+    """The greedy middle of `gap` tokens after a FIM prompt, encoded from scratch each token, never a sentinel,
+    `<null>` nor EOS."""
     want: list[int] = []
     for _ in range(gap):
         logits, _ = model.encode(torch.tensor([prompt + want]), logits="last")
@@ -65,6 +61,17 @@ def test_fim_lanes_read_the_fim_prompt(model: DiffusionModel) -> None:
         last = logits[0, -1].clone()
         last[[NULL, *model.config.eos_token_ids, *FIM.sentinels, FIM.bos]] = -math.inf
         want.append(int(last.argmax()))
+    return want
+
+
+def test_fim_lanes_read_the_fim_prompt(model: DiffusionModel) -> None:
+    """Greedy, one lane, no early end: the draft is the greedy middle after `fim_prompt(left, right)`, never a
+    sentinel, `<null>` nor EOS."""
+    ctx, left, gap, right = (2, 5, 11), 3, 6, 4
+    req = infill(ctx, left, gap, right, ar_drafts=1, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1, ar_no_repeat=0)
+    (done,), _ = run(Engine(model, fim=FIM), [req])
+    prompt = fim_prompt(FIM, [*ctx, *req.slot_ids[:left]], list(req.slot_ids[left + gap :]))
+    want = greedy_middle(model, prompt, gap)
     assert list(done.canvases[0][left : left + gap]) == want
     assert done.mode == "ar-infill"
 
@@ -82,13 +89,7 @@ def test_token_healing_moves_the_partial_word_into_the_middle(model: DiffusionMo
     (done,), _ = run(Engine(model, fim=FIM, word_edges=(starts, ends)), [req])
     plain_left = [*ctx, *req.slot_ids[:left]]
     prompt = fim_prompt(FIM, plain_left[:-2], list(req.slot_ids[left + gap :])) + list(word)
-    want: list[int] = []
-    for _ in range(gap):
-        logits, _ = model.encode(torch.tensor([prompt + want]), logits="last")
-        assert logits is not None
-        last = logits[0, -1].clone()
-        last[[NULL, *model.config.eos_token_ids, *FIM.sentinels, FIM.bos]] = -math.inf
-        want.append(int(last.argmax()))
+    want = greedy_middle(model, prompt, gap)
     assert list(done.canvases[0][left : left + gap]) == want
     assert list(done.canvases[0][:left]) == list(req.slot_ids[:left])
 
