@@ -223,4 +223,5 @@ def write_tiny_checkpoint(path: str | Path, *, seed: int = 0, canvas_length: int
 def _padded(edges: WordEdges, vocab: int) -> WordEdges:
     """The word edges of every id the model can write (ids past the tokenizer's, if the model pads its vocabulary,
     have no text: neither edge)."""
-    return tuple(np.pad(e[:vocab], (0, max(0, vocab - e.size))) for e in edges)  # type: ignore[return-value]
+    starts, ends = (np.pad(e[:vocab], (0, max(0, vocab - e.size))) for e in edges)
+    return starts, ends

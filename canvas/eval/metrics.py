@@ -227,7 +227,7 @@ def headline(results: Sequence[dict[str, Any]], variants: dict[str, str]) -> lis
     kind = {True: "continuation", False: "infill"}
     tasks = list(dict.fromkeys(p["task"] for p in results))  # in the order the eval ran them
     rows = [p for p in results if p["variant"] == variants[kind[p["task"] == CONTINUATION]]]
-    return [{k: p.get(k, math.nan) for k in keys} for p in sorted(rows, key=lambda p: tasks.index(p["task"]))]
+    return [{k: p[k] for k in keys} for p in sorted(rows, key=lambda p: tasks.index(p["task"]))]
 
 
 def _met(value: float, low: float | None, high: float | None) -> bool:

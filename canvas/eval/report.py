@@ -60,7 +60,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | {_f(p['fill_ratio'])} | "
             f"{_f(p['seam_ratio'])} | {_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
-            f"{_pct(p.get('join_faults', math.nan))} ({_pct(p.get('join_faults_human', math.nan))}) | "
+            f"{_pct(p['join_faults'])} ({_pct(p['join_faults_human'])}) | "
             f"{_pct(p['null_share'])} | {_f(p['seconds_per_canvas'])} | {_f(p['tokens_per_forward'])} | "
             f"{_f(p['steps_per_canvas'], 1)} | {_pct(p['exact_length'])} | {_f(p['ratio'])} | {flag} |"
         )

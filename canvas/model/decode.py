@@ -36,6 +36,7 @@ Legend: B rows, H query heads, G KV heads, D head dim, M hidden, S cached keys, 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -60,7 +61,9 @@ if TYPE_CHECKING:
 Lin = tuple[Tensor, Tensor | None, Tensor | None, int, Tensor | None]
 
 
-_FUSED_NORM: list[Any] = []  # kernels.rmsnorm_cpu's raw entry point (None where it did not build), looked up once
+# The C++ kernels' raw entry points (None where they did not build), looked up once per process: they run per layer.
+_fused_norm_kernel = functools.cache(fused_kernel)
+_attend_cpu_kernel = functools.cache(attend_cpu.kernel)
 
 
 def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None = None,
@@ -69,9 +72,7 @@ def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None 
     eagerly: one call of the fused C++ kernel (`kernels.rmsnorm_cpu`) instead of ~8 aten ops where it built;
     otherwise torch's rms_norm without the reference's casts where x is already fp32 (they are no-ops then)."""
     if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling():
-        if not _FUSED_NORM:
-            _FUSED_NORM.append(fused_kernel())
-        fn = _FUSED_NORM[0]
+        fn = _fused_norm_kernel()
         if fn is not None:
             D = x.shape[-1]
             return fn(x.reshape(-1, D).contiguous(), weight, eps,
@@ -220,14 +221,9 @@ def _cache_step(cache: KVCache, i: int, k: Tensor, v: Tensor, start: int, n_tail
     return lkv.k[:, :, : at + 1], lkv.v[:, :, : at + 1]
 
 
-_ATTEND: list[Any] = []  # the C++ attention's entry point (or None), looked up once per process
-
-
 def _attend_kernel(q: Tensor) -> Any:
     """`kernels.attend_cpu`'s raw kernel where it built and q is fp32 on the CPU, else None (the torch ops)."""
-    if not _ATTEND:
-        _ATTEND.append(attend_cpu.kernel())
-    return _ATTEND[0] if q.dtype == torch.float32 and q.device.type == "cpu" else None
+    return _attend_cpu_kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
 
 
 def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:

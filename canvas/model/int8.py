@@ -40,6 +40,7 @@ SCHEME` the NLL per character on the probe set against fp32 (the gate "auto" was
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
@@ -127,16 +128,14 @@ def int8_weight_mm(x: Tensor, q: Tensor, scale: Tensor, pad: int) -> Tensor:
     return torch.ops.aten._weight_int8pack_mm(xb, q, scale).float()
 
 
-_Q8_FN: list[Any] = []  # the built kernel's entry point (or None), looked up once per process
+_q8_kernel = functools.cache(q8_gemm.kernel)  # the built kernel's entry point (or None), looked up once per process
 
 
 def q8_mm(x: Tensor, wq: Tensor, wscale: Tensor, kmask: Tensor | None = None) -> Tensor:
     """x (R, K) fp32 @ the "q8" scheme's weight (`kernels.q8_gemm.quantize_weight`'s layout; `kmask` from
     `live_columns`) -> (R, N) fp32: the C++ kernel where it built, else its torch reference (`q8_linear` warns
     once)."""
-    if not _Q8_FN:
-        _Q8_FN.append(q8_gemm.kernel())
-    fn = _Q8_FN[0]
+    fn = _q8_kernel()
     if fn is None:
         return q8_gemm.q8_linear(x, wq, wscale, kmask=kmask)
     out: Tensor = fn(x.contiguous(), wq, wscale, kmask)

@@ -59,7 +59,6 @@ class FimDataConfig:
             raise ValueError(f"need 8 <= min_fim_piece <= seq_len, got {self.min_fim_piece} and {self.seq_len}")
 
 
-
 @dataclass(frozen=True, slots=True)
 class Corpus:
     """One split's flat token array (`canvas.training.tokens` layout: `<bos> doc <eos>` per document) and the
