@@ -3,8 +3,10 @@
     dcanvas bench drafts [--model DIR | --preset bench-15m] [--drafts 8] [--gaps 32,64] [--prompt 192] [--runs 5]
 
 Per step: the median time of one batched `model.encode` of (K, 1) tokens over K lanes of one context
-(`canvas.engine.ar.ARBatch.step`, the call the engine makes each step) against the same for one lane; goal: batch 8
-<= 1.5x a single draft. Per infill: the wall of a whole seam-aware AR infill through the engine (K drafts, their
+(`canvas.engine.ar.ARBatch.step`, the call the engine makes each step; 2K rows in the FIM frame, each lane with its
+plain shadow, as the engine runs a model built with the FIM format) against the same for one lane; goal: batch 8
+<= 1.5x a single draft. With --model the engine is the server's (`load_backend`: its dtype, int8 decode weights and
+tokenizer facts). Per infill: the wall of a whole seam-aware AR infill through the engine (K drafts, their
 seam scoring, the choice) against the plain one-draft fill, for each gap size, with the seam tokens and endings the
 model directory (or the sampler's defaults) sets. The last line is one JSON object with the machine noted.
 """
@@ -21,47 +23,60 @@ from typing import Any
 
 import torch
 
-from canvas.model import PRESETS, DiffusionModel
+from canvas.engine.core import Engine
+from canvas.model import PRESETS, DiffusionModel, KVCache
 
 
-def _model(args: argparse.Namespace) -> tuple[DiffusionModel, str, Any]:
+def _model(args: argparse.Namespace) -> tuple[DiffusionModel, str, Any, Engine]:
+    """The model, its name, its sampler defaults and an engine on it with the tokenizer facts the server's has (so a
+    model built with the FIM format drafts in it, as served)."""
     from canvas.sampling.sampler import SamplerConfig, load_sampler_defaults
 
     if args.model is not None:
-        from canvas.model import load_pretrained
-        from canvas.model.cpu import parameter_count, resolve_dtype
-        from canvas.model.io import read_config
+        from canvas.engine.backend import load_backend
 
-        path = Path(args.model)
-        model = load_pretrained(path, dtype=resolve_dtype("auto", params=parameter_count(read_config(path))))
-        return model.eval(), path.name, load_sampler_defaults(path)
+        backend = load_backend(args.model, max_batch=1, threads=args.threads or None)
+        engine = backend.engine.twin(max_batch=1, context_cache_size=0)
+        return engine.model, Path(args.model).name, load_sampler_defaults(args.model), engine
     torch.manual_seed(0)
-    return DiffusionModel(PRESETS[args.preset]).eval(), args.preset, SamplerConfig()
+    model = DiffusionModel(PRESETS[args.preset]).eval()
+    return model, args.preset, SamplerConfig(), Engine(model, max_batch=1, context_cache_size=0)
 
 
 def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
     from canvas.bench.common import machine, print_table
     from canvas.engine.ar import ARBatch
-    from canvas.engine.core import Engine, GenRequest
+    from canvas.engine.core import GenRequest
 
-    model, name, defaults = _model(args)
+    model, name, defaults, engine = _model(args)
     cfg = model.config
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(3, cfg.vocab_size, (1, args.prompt), generator=g)
     _, context = model.encode(ctx, cache=model.new_cache(1, args.prompt + 1), logits="none")
+    # In the FIM frame every lane has a plain shadow (`ARWalk.rows`): 2K batch rows from two caches, the FIM
+    # prompt's (left and right sides, here as long as the context) and the context's.
+    frames = 2 if engine.fim is not None and defaults.fim is not False else 1
+    fim_ctx = torch.randint(3, cfg.vocab_size, (1, args.prompt), generator=g)
+    _, fim_context = model.encode(fim_ctx, cache=model.new_cache(1, args.prompt + 1), logits="none")
 
     def step_time(k: int) -> float:
-        """Median seconds of one batched step of k lanes of the context (the engine's per-step AR call)."""
+        """Median seconds of one batched step of k lanes (and their shadows) of the context: the engine's per-step
+        AR call."""
         steps = 16
         batch = ARBatch(model)
 
         class _Lane:  # the part of an `ARWalk` the batch reads
-            serial, lanes, ctx = 1, k, context
+            serial, lanes, rows = 1, k, frames * k
             budget_left = steps + 1
+            moved: dict[int, tuple[int, int]] = {}
+
+            @staticmethod
+            def source(row: int) -> KVCache:
+                return fim_context if frames == 2 and row < k else context
 
             @staticmethod
             def feed() -> torch.Tensor:
-                return torch.randint(3, cfg.vocab_size, (k,), generator=g)
+                return torch.randint(3, cfg.vocab_size, (frames * k,), generator=g)
 
         walks: Any = [_Lane()]
         batch.step(walks)  # builds the lanes' cache (a copy of the context per lane): not a step's cost
@@ -89,7 +104,6 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
         walls: dict[str, list[float]] = {"plain": [], "drafts": []}
         for _ in range(max(1, args.runs // 2)):
             for key, sampler in (("plain", plain), ("drafts", seam)):
-                engine = Engine(model, max_batch=1, context_cache_size=0)
                 h = engine.submit(GenRequest(tuple(ctx[0].tolist()), slots, pins, sampler))
                 t0 = time.perf_counter()
                 engine.run_until_idle()
@@ -98,11 +112,13 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
         infills[str(gap)] = {k: statistics.median(v) for k, v in walls.items()}
     out = {
         "model": name, "dtype": str(model.dtype).removeprefix("torch."), "prompt_tokens": args.prompt,
-        "drafts": args.drafts, "step_single_ms": single * 1e3, "step_batch_ms": multi * 1e3,
+        "drafts": args.drafts, "batch_rows": frames * args.drafts, "step_single_ms": single * 1e3,
+        "step_batch_ms": multi * 1e3,
         "step_ratio": multi / single, "infill_s": infills, "seam_tokens": seam.ar_seam_tokens,
         "runs": args.runs, "machine": machine(),
     }
-    rows = [(f"one AR step: 1 lane / {args.drafts} lanes (goal <= 1.5x)",
+    lanes = f"{args.drafts} lanes" + (" + shadows (FIM frame)" if frames == 2 else "")
+    rows = [(f"one AR step: 1 lane / {lanes} (goal <= 1.5x)",
              f"{single * 1e3:.1f} / {multi * 1e3:.1f} ms = {multi / single:.2f}x")]
     for gap, w in infills.items():
         rows.append((f"{gap}-token infill: plain fill / {args.drafts} drafts + seam ({seam.ar_seam_tokens} tokens)",

@@ -44,7 +44,7 @@ from torch import Tensor
 from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, WordEdges, fim_prompt, heal_split
 from canvas.engine.types import Drafts
 from canvas.model import DiffusionModel, KVCache
-from canvas.sampling.sampler import SamplerConfig, truncate_logits
+from canvas.sampling.sampler import SamplerConfig, sample_categorical, truncate_logits
 
 _NEG = float("-inf")
 _serials = itertools.count(1)
@@ -238,7 +238,7 @@ class ARWalk:
         if self.temperature > 0:
             logits = truncate_logits(logits, self.cfg.ar_top_k, self.cfg.ar_top_p, self.cfg.ar_min_p)
             probs = torch.softmax(logits / self.temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+            tok = sample_categorical(probs, self.generator)
         else:
             tok = logits.argmax(dim=-1)
         i = self.n

@@ -204,6 +204,19 @@ def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: f
     return out
 
 
+def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One index a row drawn from probs (K, V) (non-negative, any positive sum) -> (K,): by inverting the cumulative
+    sum at a uniform draw. Why not `torch.multinomial`: on the CPU it draws V random numbers a row (~19 ms for 8 rows
+    of a 98k vocabulary, more than the decode step it follows); this draws one (0.3 ms). Never returns an index of
+    zero probability: the draw is kept below the total, and the first cumulative sum above it belongs to a token
+    whose probability is positive."""
+    cum = probs.float().cumsum(dim=-1)  # (K, V)
+    total = cum[:, -1:]  # (K, 1)
+    u = torch.rand(total.shape, generator=generator, device=probs.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # rand * total may round up to total
+    return torch.searchsorted(cum, u, right=True)[:, 0]
+
+
 _EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "ar_long_gap", "ar_temperature_long", "fim", "ar_drafts",
                "ar_seam_tokens", "ar_min_fill", "ar_endings", "ar_draft_weight", "ar_select_temperature",
                "ar_no_repeat", "ar_smc_every", "ar_smc_temperature")

@@ -107,6 +107,29 @@ def test_truncate_logits_keeps_what_each_cut_allows() -> None:
     assert (both > -torch.inf).tolist() == [[True, True, False, False, False]] * 2
 
 
+def test_sample_categorical_draws_by_probability_and_never_a_zero() -> None:
+    from canvas.sampling.sampler import sample_categorical
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 2.0]])  # any positive sum
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_categorical(probs, g) for _ in range(4000)])  # (N, 2)
+    assert (draws[:, 1] == 5).all()
+    freq = torch.bincount(draws[:, 0], minlength=6).float() / len(draws)
+    assert freq[[0, 2, 5]].sum() == 0
+    assert torch.allclose(freq[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2]), atol=0.03)  # ~4 sigma at N=4000
+
+
+def test_sample_categorical_at_the_ends_of_the_uniform_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draw of 0 takes the first token of positive probability, a draw that rounds up to the total the last:
+    never a zero-probability neighbour."""
+    from canvas.sampling import sampler
+
+    probs = torch.tensor([[0.0, 0.25, 0.75, 0.0, 0.0]])
+    for u, want in ((0.0, 1), (1.0, 2)):
+        monkeypatch.setattr(sampler.torch, "rand", lambda shape, **_: torch.full(shape, u))  # noqa: B023
+        assert sampler.sample_categorical(probs).tolist() == [want]
+
+
 def test_truncation_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="ar_top_k"):
         SamplerConfig(ar_top_k=-1)
