@@ -12,12 +12,16 @@ torch::Tensor rms_norm_fused(const torch::Tensor& x, const c10::optional<torch::
 
 torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                          const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& extra_k,
-                         const c10::optional<torch::Tensor>& extra_v);
+                         const c10::optional<torch::Tensor>& extra_v, const c10::optional<torch::Tensor>& leader,
+                         int64_t shared_lo, int64_t shared_hi);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_gemm", &q8_gemm, "x (M, K) fp32 (times kmask (K,)) @ (packed Q8 weight, scale (N,)).T -> (M, N) fp32",
         pybind11::arg("x"), pybind11::arg("wq"), pybind11::arg("wscale"), pybind11::arg("kmask") = pybind11::none());
   m.def("isa", &q8_isa, "the instruction set this build's inner loops use");
-  m.def("attend_one", &attend_one, "one query a row (B, H, D) over keys / values (B, G, S, D) (+ one extra each)");
+  m.def("attend_one", &attend_one, "one query a row (B, H, D) over keys / values (B, G, S, D) (+ one extra each), "
+        "rows of one leader sharing slots [shared_lo, shared_hi)", pybind11::arg("q"), pybind11::arg("keys"),
+        pybind11::arg("values"), pybind11::arg("mask"), pybind11::arg("extra_k"), pybind11::arg("extra_v"),
+        pybind11::arg("leader") = pybind11::none(), pybind11::arg("shared_lo") = 0, pybind11::arg("shared_hi") = 0);
   m.def("rms_norm_fused", &rms_norm_fused, "(residual + rms_norm(x) * weight) * scale over fp32 rows");
 }

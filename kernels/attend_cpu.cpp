@@ -5,10 +5,16 @@
 // cache); mask (B, S + X) bool contiguous or absent (true: attend); extra_k / extra_v (B, G, D) fp32 contiguous or
 // both absent (X = 1: one more key and value after the S cached ones, the ring window's own token). H a multiple
 // of G: query head h reads KV head h / (H / G). Scale 1 (folded into the q norm). -> out (B, H, D).
+// Shared prefixes: leader (B,) int64 contiguous or absent, with a slot range [shared_lo, shared_hi): the caller
+// promises keys / values[b, :, s] == keys / values[leader[b], :, s] for s in that range (the batched AR drafts of one
+// context: every lane's rows are copies of the context's). Rows with one leader form a group, and each shared key
+// and value row is read once for all of the group's query heads instead of once per row.
 //
 // Why: the step's attention in torch is two batched matmuls, a masked_fill, a softmax and (on the ring) a cat and
 // an add per layer, ~8 small ops; here one call reads each cached key and value row once for the H / G query
-// heads that share it, with the rows spread over the threads.
+// heads that share it (and for every row of a group, over the shared slots). Work items are (group, KV head, key
+// chunk): with fewer groups than threads (one row; the drafts of one context) the keys are split into chunks whose
+// partial softmax sums are merged afterwards (as flash-decoding does), so every thread streams part of the cache.
 // Numerics: fp32 throughout; exp by a degree-6 polynomial after range reduction (Cephes' expf; within 2 ulp of
 // libm), sums in a different order from torch's: results agree to fp32 rounding, not bit for bit. A masked key
 // weighs exactly 0; a row with every key masked gives 0 (torch gives NaN there; the model never builds one).
@@ -52,31 +58,110 @@ inline __m512 exp512(__m512 x) {
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 #endif
 
-// scores[r][s] = q_r . key_s for the R heads of one KV head.
-inline void dots(const float* const* qr, int R, const float* key, int64_t D, float* out, int64_t ld) {
 #if ATT_AVX512
-  __m512 acc[RMAX];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+// [sum(v0), ..., sum(v7)] of eight 8-lane vectors.
+inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6, __m256 v7) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));  // per 128-bit half: v0..v3
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));  // per 128-bit half: v4..v7
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// The two 8-lane halves of v added (the upper half through the AVX-512F 64-bit extract: no AVX-512DQ needed).
+inline __m256 halves(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#endif
+
+// out[i * ld + j] = q[i] . k[j] for i < nq, j < nk (both <= 4; the pointer arrays hold 4, padded with valid ones).
+// A 4 x 4 register tile: each key and query vector loaded once per 16 lanes of D for 4 dot products, the 16 sums
+// reduced together at the end (one horizontal sum each would cost about as much as the products).
+inline void dots4x4(const float* const q[4], const float* const k[4], int64_t D, float* out, int64_t ld, int nq,
+                    int nk) {
+#if ATT_AVX512
+  __m512 acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = tail_mask(D - d);
-    const __m512 kv = _mm512_maskz_loadu_ps(m, key + d);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qr[r] + d), kv, acc[r]);
+    __m512 kv[4];
+    for (int j = 0; j < 4; ++j) kv[j] = _mm512_maskz_loadu_ps(m, k[j] + d);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q[i] + d);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(qv, kv[j], acc[i][j]);
+    }
   }
-  for (int r = 0; r < R; ++r) out[r * ld] = _mm512_reduce_add_ps(acc[r]);
+  alignas(32) float sums[16];
+  _mm256_store_ps(sums, hsum8(halves(acc[0][0]), halves(acc[0][1]), halves(acc[0][2]), halves(acc[0][3]),
+                              halves(acc[1][0]), halves(acc[1][1]), halves(acc[1][2]), halves(acc[1][3])));
+  _mm256_store_ps(sums + 8, hsum8(halves(acc[2][0]), halves(acc[2][1]), halves(acc[2][2]), halves(acc[2][3]),
+                                  halves(acc[3][0]), halves(acc[3][1]), halves(acc[3][2]), halves(acc[3][3])));
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < nk; ++j) out[i * ld + j] = sums[i * 4 + j];
 #else
-  for (int r = 0; r < R; ++r) {
-    float s = 0.f;
-    for (int64_t d = 0; d < D; ++d) s += qr[r][d] * key[d];
-    out[r * ld] = s;
-  }
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < nk; ++j) {
+      float acc = 0.f;
+      for (int64_t d = 0; d < D; ++d) acc += q[i][d] * k[j][d];
+      out[i * ld + j] = acc;
+    }
 #endif
 }
 
-// p[0, n) = exp(p - max) where valid (else 0), in place; returns the sum.
-inline float softmax_num(float* p, const bool* valid, int64_t n) {
+// p[i * ld + s] = q[i] . key s for i < nq, s < ns, the keys at kbase + s * kstride: key blocks of 4 outside (they
+// stay in L1 while every query block reads them), query blocks of 4 inside.
+inline void score_block(const float* const* q, int64_t nq, const float* kbase, int64_t kstride, int64_t ns, int64_t D,
+                        float* p, int64_t ld) {
+  for (int64_t s0 = 0; s0 < ns; s0 += 4) {
+    const int nk = static_cast<int>(std::min<int64_t>(4, ns - s0));
+    const float* kptr[4];
+    for (int j = 0; j < 4; ++j) kptr[j] = kbase + (s0 + std::min(j, nk - 1)) * kstride;
+    for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+      const int n = static_cast<int>(std::min<int64_t>(4, nq - i0));
+      const float* qptr[4];
+      for (int i = 0; i < 4; ++i) qptr[i] = q[i0 + std::min(i, n - 1)];
+      dots4x4(qptr, kptr, D, p + i0 * ld + s0, ld, n, nk);
+    }
+  }
+}
+
+// out[i] += sum_s p[i * ld + s] * value s, for i < nq, s < ns, the values at vbase + s * vstride: four value rows
+// at a time (in L1), each output vector loaded and stored once for the four.
+inline void weigh_block(const float* p, int64_t ld, int64_t nq, float* const* out, const float* vbase,
+                        int64_t vstride, int64_t ns, int64_t D, const float* zeros) {
+  for (int64_t s0 = 0; s0 < ns; s0 += 4) {
+    const int nk = static_cast<int>(std::min<int64_t>(4, ns - s0));
+    const float* vptr[4];
+    for (int j = 0; j < 4; ++j) vptr[j] = j < nk ? vbase + (s0 + j) * vstride : zeros;
+    for (int64_t i = 0; i < nq; ++i) {
+      float w[4];
+      for (int j = 0; j < 4; ++j) w[j] = j < nk ? p[i * ld + s0 + j] : 0.f;
+      if (w[0] == 0.f && w[1] == 0.f && w[2] == 0.f && w[3] == 0.f) continue;  // masked keys weigh nothing
+      float* o = out[i];
+#if ATT_AVX512
+      const __m512 w0 = _mm512_set1_ps(w[0]), w1 = _mm512_set1_ps(w[1]), w2 = _mm512_set1_ps(w[2]),
+                   w3 = _mm512_set1_ps(w[3]);
+      for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 m = tail_mask(D - d);
+        __m512 acc = _mm512_maskz_loadu_ps(m, o + d);
+        acc = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, vptr[0] + d), acc);
+        acc = _mm512_fmadd_ps(w1, _mm512_maskz_loadu_ps(m, vptr[1] + d), acc);
+        acc = _mm512_fmadd_ps(w2, _mm512_maskz_loadu_ps(m, vptr[2] + d), acc);
+        acc = _mm512_fmadd_ps(w3, _mm512_maskz_loadu_ps(m, vptr[3] + d), acc);
+        _mm512_mask_storeu_ps(o + d, m, acc);
+      }
+#else
+      for (int64_t d = 0; d < D; ++d) o[d] += w[0] * vptr[0][d] + w[1] * vptr[1][d] + w[2] * vptr[2][d] + w[3] * vptr[3][d];
+#endif
+    }
+  }
+}
+
+// p[0, n) = exp(p - max) where valid (else 0), in place; returns the sum, and the max (-inf: none valid) in *max.
+inline float softmax_num(float* p, const bool* valid, int64_t n, float* max) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < n; ++s)
     if (valid == nullptr || valid[s]) mx = std::max(mx, p[s]);
+  *max = mx;
   if (mx == -std::numeric_limits<float>::infinity()) {
     std::fill_n(p, n, 0.f);
     return 0.f;
@@ -124,7 +209,8 @@ inline void axpy(float w, const float* v, float* out, int64_t D) {
 
 torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                          const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& extra_k,
-                         const c10::optional<torch::Tensor>& extra_v) {
+                         const c10::optional<torch::Tensor>& extra_v, const c10::optional<torch::Tensor>& leader,
+                         int64_t shared_lo, int64_t shared_hi) {
   auto f32cpu = [](const torch::Tensor& t) { return t.scalar_type() == torch::kFloat32 && t.device().is_cpu(); };
   TORCH_CHECK(q.dim() == 3 && f32cpu(q) && q.is_contiguous(), "attend_one: q must be a contiguous (B, H, D) fp32 "
               "CPU tensor");
@@ -146,7 +232,50 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, cons
   if (mask.has_value())
     TORCH_CHECK(mask->dim() == 2 && mask->size(0) == B && mask->size(1) == T && mask->scalar_type() == torch::kBool &&
                     mask->is_contiguous(), "attend_one: mask must be a contiguous (B, S + X) bool tensor");
+  // Groups of rows by leader (each row its own without one), in order of first appearance.
+  std::vector<int64_t> lead(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) lead[b] = b;
+  int64_t lo = 0, hi = 0;
+  if (leader.has_value()) {
+    TORCH_CHECK(leader->dim() == 1 && leader->size(0) == B && leader->scalar_type() == torch::kInt64 &&
+                    leader->device().is_cpu() && leader->is_contiguous(),
+                "attend_one: leader must be a contiguous (B,) int64 CPU tensor");
+    TORCH_CHECK(0 <= shared_lo && shared_lo <= shared_hi && shared_hi <= S,
+                "attend_one: the shared slots must lie in [0, S)");
+    const int64_t* lp = leader->data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(0 <= lp[b] && lp[b] < B, "attend_one: leader indices must be rows");
+      lead[b] = lp[b];
+    }
+    lo = shared_lo;
+    hi = shared_hi;
+  }
+  std::vector<std::vector<int64_t>> groups;
+  {
+    std::vector<int64_t> index(static_cast<size_t>(B), -1);
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t& gi = index[lead[b]];
+      if (gi < 0) {
+        gi = static_cast<int64_t>(groups.size());
+        groups.emplace_back();
+      }
+      groups[gi].push_back(b);
+    }
+  }
+  const int64_t NG = static_cast<int64_t>(groups.size());
+  // Key chunks: enough work items for every thread, no chunk under 64 keys.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t C = std::max<int64_t>(1, std::min((threads + NG * G - 1) / (NG * G), T / 64));
+  const int64_t span = (T + C - 1) / C;
+
   auto out = torch::zeros({B, H, D}, q.options());
+  // Per chunk partials when C > 1: the chunk's max and sum of each (row, head), its unnormalised output.
+  std::vector<float> part_m, part_l, part_o;
+  if (C > 1) {
+    part_m.assign(static_cast<size_t>(C * B * H), -std::numeric_limits<float>::infinity());
+    part_l.assign(static_cast<size_t>(C * B * H), 0.f);
+    part_o.assign(static_cast<size_t>(C * B * H * D), 0.f);
+  }
   const float* qp = q.data_ptr<float>();
   const float* kp = keys.data_ptr<float>();
   const float* vp = values.data_ptr<float>();
@@ -157,34 +286,97 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, cons
   const int R = static_cast<int>(H / G);
   const int64_t ksb = keys.stride(0), ksg = keys.stride(1), kss = keys.stride(2);
   const int64_t vsb = values.stride(0), vsg = values.stride(1), vss = values.stride(2);
-  at::parallel_for(0, B * G, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(static_cast<size_t>(R) * T);
+  at::parallel_for(0, NG * G * C, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> p;
+    const std::vector<float> zeros(static_cast<size_t>(D), 0.f);  // the value rows past a block's end
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / G, g = i % G;
-      const float* qr[RMAX];
-      for (int r = 0; r < R; ++r) qr[r] = qp + (b * H + g * R + r) * D;
-      const float* kb = kp + b * ksb + g * ksg;
-      const float* vb = vp + b * vsb + g * vsg;
-      for (int64_t s = 0; s < S; ++s) dots(qr, R, kb + s * kss, D, p.data() + s, T);
-      if (X) dots(qr, R, ekp + (b * G + g) * D, D, p.data() + S, T);
-      const bool* valid = mp == nullptr ? nullptr : mp + b * T;
-      float* o[RMAX];
-      for (int r = 0; r < R; ++r) {  // normalised weights, in place
-        float* pr = p.data() + r * T;
-        o[r] = op + (b * H + g * R + r) * D;
-        const float sum = softmax_num(pr, valid, T);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t s = 0; s < T; ++s) pr[s] *= inv;
-      }
-      // Each value row read once for the R heads (their output rows stay in L1).
-      for (int64_t s = 0; s < T; ++s) {
-        const float* vrow = s < S ? vb + s * vss : evp + (b * G + g) * D;
+      const int64_t c = i % C, g = (i / C) % G;
+      const std::vector<int64_t>& rows = groups[i / (C * G)];
+      const int64_t n = static_cast<int64_t>(rows.size());
+      const int64_t c0 = c * span, c1 = std::min(T, c0 + span), L = c1 - c0;
+      if (L <= 0) continue;
+      const int64_t Q = n * R;  // the group's query heads of KV head g: row rows[j], head r at j * R + r
+      p.assign(static_cast<size_t>(Q * L), 0.f);
+      std::vector<const float*> qs(static_cast<size_t>(Q));
+      std::vector<float*> os(static_cast<size_t>(Q));
+      for (int64_t j = 0; j < n; ++j)
         for (int r = 0; r < R; ++r) {
-          const float w = p[r * T + s];
-          if (w != 0.f) axpy(w, vrow, o[r], D);
+          const int64_t bh = rows[j] * H + g * R + r;
+          qs[j * R + r] = qp + bh * D;
+          os[j * R + r] = C > 1 ? part_o.data() + (c * B * H + bh) * D : op + bh * D;
         }
+      // The chunk's cached keys in three runs: own slots before the shared ones, the shared, own after; then the
+      // extra key when the chunk reaches it. Shared runs are scored for every query head of the group at once.
+      const int64_t e = std::min(c1, S);
+      const int64_t s_lo = std::clamp(lo, c0, std::max(c0, e)), s_hi = std::clamp(hi, s_lo, std::max(s_lo, e));
+      const int64_t lb = lead[rows[0]];
+      auto own_runs = [&](auto&& run) {  // run(row j, first slot, slots)
+        for (int64_t j = 0; j < n; ++j) {
+          if (s_lo > c0) run(j, c0, s_lo - c0);
+          if (e > s_hi) run(j, s_hi, e - s_hi);
+        }
+      };
+      own_runs([&](int64_t j, int64_t s0, int64_t ns) {
+        score_block(qs.data() + j * R, R, kp + rows[j] * ksb + g * ksg + s0 * kss, kss, ns, D,
+                    p.data() + j * R * L + (s0 - c0), L);
+      });
+      if (s_hi > s_lo)
+        score_block(qs.data(), Q, kp + lb * ksb + g * ksg + s_lo * kss, kss, s_hi - s_lo, D, p.data() + (s_lo - c0),
+                    L);
+      if (X && c1 > S)
+        for (int64_t j = 0; j < n; ++j)
+          score_block(qs.data() + j * R, R, ekp + (rows[j] * G + g) * D, 0, 1, D, p.data() + j * R * L + (S - c0), L);
+      // Softmax numerators per (row, head) over the chunk, under each row's mask.
+      std::vector<float> m(static_cast<size_t>(Q)), l(static_cast<size_t>(Q));
+      for (int64_t j = 0; j < n; ++j) {
+        const bool* valid = mp == nullptr ? nullptr : mp + rows[j] * T + c0;
+        for (int r = 0; r < R; ++r) l[j * R + r] = softmax_num(p.data() + (j * R + r) * L, valid, L, &m[j * R + r]);
       }
+      // Weighted values, by the same runs.
+      own_runs([&](int64_t j, int64_t s0, int64_t ns) {
+        weigh_block(p.data() + j * R * L + (s0 - c0), L, R, os.data() + j * R, vp + rows[j] * vsb + g * vsg + s0 * vss,
+                    vss, ns, D, zeros.data());
+      });
+      if (s_hi > s_lo)
+        weigh_block(p.data() + (s_lo - c0), L, Q, os.data(), vp + lb * vsb + g * vsg + s_lo * vss, vss, s_hi - s_lo, D,
+                    zeros.data());
+      if (X && c1 > S)
+        for (int64_t j = 0; j < n; ++j)
+          weigh_block(p.data() + j * R * L + (S - c0), L, R, os.data() + j * R, evp + (rows[j] * G + g) * D, 0, 1, D,
+                      zeros.data());
+      for (int64_t j = 0; j < n; ++j)
+        for (int r = 0; r < R; ++r) {
+          const int64_t bh = rows[j] * H + g * R + r;
+          if (C > 1) {
+            part_m[c * B * H + bh] = m[j * R + r];
+            part_l[c * B * H + bh] = l[j * R + r];
+          } else {
+            const float inv = l[j * R + r] > 0.f ? 1.f / l[j * R + r] : 0.f;
+            float* o = op + bh * D;
+            for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+          }
+        }
     }
   });
+  if (C > 1) {  // merge the chunks' partial softmaxes: sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c
+    at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t bh = i0; bh < i1; ++bh) {
+        float M = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < C; ++c) M = std::max(M, part_m[c * B * H + bh]);
+        float* o = op + bh * D;
+        if (M == -std::numeric_limits<float>::infinity()) continue;  // every key masked: 0, as in one chunk
+        float total = 0.f;
+        for (int64_t c = 0; c < C; ++c) {
+          const float mc = part_m[c * B * H + bh];
+          if (mc == -std::numeric_limits<float>::infinity()) continue;
+          const float w = std::exp(mc - M);
+          total += w * part_l[c * B * H + bh];
+          axpy(w, part_o.data() + (c * B * H + bh) * D, o, D);
+        }
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+      }
+    });
+  }
   return out;
 }

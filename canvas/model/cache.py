@@ -12,6 +12,10 @@ lengths, right-padded) and read-only: the engine batches decoder steps over it, 
 A cache built by `KVCache.aligned` batches rows of different lengths the other way, left-padded so that every row
 ends at `length`, and stays encodable: `pos_offset` (B,) is each row's padding, which `encode` subtracts from the
 shared slot index, so every row's tokens get the RoPE positions they get alone (the engine's batched AR rows).
+Rows that `aligned` copies from one source row (the K drafts of one context) are recorded in `shared`
+(`SharedRows`): which row leads each group of copies and which slots still hold the copy, so a decode step's
+attention reads those slots once per group (`kernels.attend_cpu`). Only the decode step advances it (a ring write
+takes a sliding slot out); anything that moves slots (`unroll`, the general `encode` path) drops it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,21 @@ class LayerKV:
     sliding: bool
 
 
+@dataclass
+class SharedRows:
+    """Copies among an aligned cache's rows: `leader` (B,) long, the first row with the same source (itself when
+    alone); slots [0, full) of the full layers and [lo, hi) of the sliding buffers hold the copy in every row."""
+
+    leader: torch.Tensor
+    full: int
+    lo: int
+    hi: int
+
+    def attend_slots(self, sliding: bool) -> tuple[torch.Tensor, int, int]:
+        """`kernels.attend_cpu`'s `share` for a layer of this kind."""
+        return (self.leader, self.lo, self.hi) if sliding else (self.leader, 0, self.full)
+
+
 class KVCache:
     """Static KV cache for one batch of prefixes. Create with `KVCache.empty`, fill with `model.encode`."""
 
@@ -48,6 +67,14 @@ class KVCache:
         self.pos_offset = torch.zeros_like(next_pos)
         # Where the sliding buffers' oldest position sits while decode steps use them as a ring (see `unroll`).
         self.ring = 0
+        self.shared: SharedRows | None = None  # rows that are copies of one source (`aligned`)
+
+    def ring_written(self, slot: int) -> None:
+        """A decode step overwrote sliding slot `slot` of every row (the ring's oldest): it is no longer a copy.
+        The ring walks up from slot 0 of an unrolled cache, so the copied slots stay one range."""
+        sh = self.shared
+        if sh is not None and sh.lo <= slot < sh.hi:
+            sh.lo = slot + 1
 
     @classmethod
     def empty(cls, config: ModelConfig, batch_size: int, capacity: int, *, device: torch.device | str = "cpu",
@@ -92,6 +119,7 @@ class KVCache:
         buffers (`read`, `grown`, `aligned`, a longer `encode`) calls this first, so it sees them in order."""
         if not self.ring:
             return
+        self.shared = None  # the slots move
         for lk in self.layers:
             if lk.sliding:
                 lk.k.copy_(torch.roll(lk.k, -self.ring, dims=2))
@@ -158,6 +186,10 @@ class KVCache:
         out.length = length
         out.row_length.fill_(length)
         out.next_pos = length - out.pos_offset
+        first: dict[tuple[int, int], int] = {}
+        leader = [first.setdefault((id(c), b), j) for j, (c, b) in enumerate(rows)]
+        if len(first) < len(rows):
+            out.shared = SharedRows(torch.tensor(leader, device=device), length, 0, n_dst)
         return out
 
     @classmethod

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from canvas.model.int8 import int8_weight_mm, q8_mm
 from kernels import attend_cpu
+from kernels.attend_cpu import Share
 from kernels.rmsnorm_cpu import fused_kernel
 
 if TYPE_CHECKING:
@@ -226,15 +227,17 @@ def _attend_kernel(q: Tensor) -> Any:
     return _attend_cpu_kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
 
 
-def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, share: Share | None = None) -> Tensor:
     """One query a row over its keys, scale 1: q (B, H, 1, D), keys / values (B, G, S, D), mask (B, 1, 1, S) bool
-    or None -> (B, H, 1, D). Two matmuls and a softmax: for a single query this beats CPU SDPA's flash kernel
-    (built for blocks of queries), e.g. 327 against 482 us at 8 rows over 257 keys of Gemma-3-270M's shapes."""
+    or None -> (B, H, 1, D). `share`: rows whose slots are copies of a leader's (`SharedRows`), which the C++
+    kernel reads once per group. Else two matmuls and a softmax: for a single query this beats CPU SDPA's flash
+    kernel (built for blocks of queries), e.g. 327 against 482 us at 8 rows over 257 keys of Gemma-3-270M's shapes."""
     B, H, _, D = q.shape
     fn = _attend_kernel(q)
     if fn is not None:
         m = None if mask is None else mask.reshape(B, -1).contiguous()  # (B, S)
-        return fn(q.reshape(B, H, D).contiguous(), keys, values, m, None, None).view(B, H, 1, D)
+        lead, lo, hi = (None, 0, 0) if share is None else share
+        return fn(q.reshape(B, H, D).contiguous(), keys, values, m, None, None, lead, lo, hi).view(B, H, 1, D)
     G = keys.shape[1]
     scores = q.reshape(B, G, H // G, D) @ keys.transpose(-1, -2)  # (B, G, H/G, S): heads grouped by KV head
     if mask is not None:
@@ -244,7 +247,7 @@ def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) ->
 
 
 def _ring_attend(q: Tensor, k: Tensor, v: Tensor, buf_k: Tensor, buf_v: Tensor, ring: int,
-                 mask: Tensor | None) -> Tensor:
+                 mask: Tensor | None, share: Share | None = None) -> Tensor:
     """Attention of one query a row over a full sliding window and its own key, then the oldest slot (`ring`)
     overwritten with this token's k, v: no copy of the window (the general path concatenates and shifts it).
     q (B, H, 1, D), k / v (B, G, 1, D), buffers (B, G, S, D) holding the S previous positions rotated by `ring`,
@@ -256,8 +259,9 @@ def _ring_attend(q: Tensor, k: Tensor, v: Tensor, buf_k: Tensor, buf_v: Tensor, 
     fn = _attend_kernel(q)
     if fn is not None:
         m = None if slots is None else slots.reshape(B, S + 1)
+        lead, lo, hi = (None, 0, 0) if share is None else share
         out = fn(q.reshape(B, H, D).contiguous(), buf_k, buf_v, m, k.reshape(B, G, D).contiguous(),
-                 v.reshape(B, G, D).contiguous())
+                 v.reshape(B, G, D).contiguous(), lead, lo, hi)
     else:
         qg = q.reshape(B, G, H // G, D)  # query heads grouped by their KV head (SDPA's enable_gqa order)
         scores = torch.cat([qg @ buf_k.transpose(-1, -2), (qg * k.view(B, G, 1, D)).sum(-1, keepdim=True)], dim=-1)
@@ -292,6 +296,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
     cfg = model.config
     sparse = post is post_attention and x.shape[0] * cfg.top_k_experts < cfg.num_experts
     ring_size = 0
+    shared = cache.shared  # rows that are copies of one context: the attention reads those slots once a group
     ropes: dict[bool, tuple[Tensor, Tensor]] = {}
     for i, layer in enumerate(model.blocks):
         attn, eps = layer.attn, layer.eps
@@ -301,12 +306,13 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
         q, k, v = pre(x, layer.input_layernorm, _lin(attn.qkv, attn.qkv_int8, quant), _qk_norm_weight(attn), cos,
                       sin, heads=attn.n_heads, kv_heads=attn.n_kv, has_v=attn.has_v, eps=eps)
         lkv = cache.layers[i]
+        share = None if shared is None else shared.attend_slots(lkv.sliding)
         if lkv.sliding and n_tail == lkv.k.shape[2]:  # the window is full: use its buffers as a ring
-            out = _ring_attend(q, k, v, lkv.k, lkv.v, cache.ring, masks[True])
+            out = _ring_attend(q, k, v, lkv.k, lkv.v, cache.ring, masks[True], share)
             ring_size = n_tail
         else:
             keys, values = _cache_step(cache, i, k, v, start, n_tail)
-            out = _attend_one(q, keys, values, masks[attn.sliding])
+            out = _attend_one(q, keys, values, masks[attn.sliding], share)
         x = post(x, out.reshape(x.shape[0], -1), _lin(attn.o_proj, attn.o_proj_int8, quant),
                  _lin(layer.mlp_gate_up, layer.mlp_gate_up_int8, quant),
                  _lin(layer.mlp_down, layer.mlp_down_int8, quant),
@@ -317,6 +323,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
                  (layer.experts_gate_up, layer.experts_down), layer.encoder_scalar, top_k=layer.top_k, eps=eps,
                  sparse=sparse, routed_on=_routed_on(layer))
     if ring_size:  # this token took the oldest slot of every sliding layer
+        cache.ring_written(cache.ring)
         cache.ring = (cache.ring + 1) % ring_size
     return x
 

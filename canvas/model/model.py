@@ -360,6 +360,7 @@ class DiffusionModel(nn.Module):
                               quant)[:, None]
         else:
             cache.unroll()  # the general path writes the sliding buffers in order
+            cache.shared = None  # and may shift them: no slot is known to be a copy any more
             x = self.run_layers(x, positions, write_cache, decoder=False, quant=quant)
         cache.length = start + T
         cache.row_length.fill_(cache.length)

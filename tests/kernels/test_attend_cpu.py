@@ -62,6 +62,70 @@ def test_kernel_matches_ref(B: int, H: int, G: int, S: int, D: int, variant: str
     torch.testing.assert_close(attend_one(q, k, v, mask, ek, ev, impl="cpp"), ref, **_tol(ref))
 
 
+# Leaders of the rows (first row of each group leads it): the FIM frame's two contexts of 4 lanes each, one context
+# of 3, every row alone, and one lane whose resample duplicated another.
+LEADERS = [[0, 0, 0, 0, 4, 4, 4, 4], [0, 0, 0], [0, 1, 2], [0, 1, 1, 3]]
+
+
+@needs_kernel
+@pytest.mark.parametrize("leaders", LEADERS)
+@pytest.mark.parametrize("lo,hi", [(0, 300), (0, 257), (40, 260), (0, 0), (299, 300)])
+@pytest.mark.parametrize("variant", ["plain", "extra+mask"])
+def test_shared_slots_come_from_the_leader(leaders: list[int], lo: int, hi: int, variant: str,
+                                            gen: torch.Generator) -> None:
+    """Rows' shared slots hold garbage: the kernel must read the leader's, as the reference does; the chunked
+    path (few groups, 2 threads) and the one-item-per-thread path both."""
+    B, H, G, S, D = len(leaders), 4, 1, 300, 256
+    q, k, v = _inputs(B, H, G, S, D, gen, cap=3)
+    leader = torch.tensor(leaders)
+    for b in range(B):
+        if leaders[b] != b:  # garbage where the leader's slots stand in
+            k[b, :, lo:hi] = 1e3
+            v[b, :, lo:hi] = -1e3
+    extra = "extra" in variant
+    ek = torch.randn(B, G, D, generator=gen) if extra else None
+    ev = torch.randn(B, G, D, generator=gen) if extra else None
+    mask = None
+    if "mask" in variant:
+        mask = torch.rand(B, S + int(extra), generator=gen) > 0.3
+        mask[:, -1] = True
+    share = (leader, lo, hi)
+    ref = attend_one(q, k, v, mask, ek, ev, share, impl="ref")
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            torch.testing.assert_close(attend_one(q, k, v, mask, ek, ev, share, impl="cpp"), ref, **_tol(ref))
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_chunks_of_a_row_whose_keys_are_all_masked_in_one_chunk(gen: torch.Generator) -> None:
+    """Key chunks are merged by their partial maxima: a chunk with no valid key adds nothing."""
+    q, k, v = _inputs(1, 4, 1, 400, 64, gen)
+    mask = torch.zeros(1, 400, dtype=torch.bool)
+    mask[0, 350:] = True  # only in the last chunk
+    ref = attend_one(q, k, v, mask, impl="ref")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # two chunks of 200 keys
+    try:
+        torch.testing.assert_close(attend_one(q, k, v, mask, impl="cpp"), ref, **_tol(ref))
+        assert attend_one(q, k, v, torch.zeros_like(mask), impl="cpp").abs().max() == 0  # nothing to attend: 0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_share_is_checked(gen: torch.Generator) -> None:
+    q, k, v = _inputs(3, 4, 1, 5, 8, gen)
+    with pytest.raises(ValueError, match="leader must be"):
+        attend_one(q, k, v, share=(torch.tensor([0, 0]), 0, 5), impl="ref")
+    with pytest.raises(ValueError, match="shared slots"):
+        attend_one(q, k, v, share=(torch.tensor([0, 0, 0]), 2, 6), impl="ref")
+    with pytest.raises(ValueError, match="leads itself"):
+        attend_one(q, k, v, share=(torch.tensor([1, 0, 0]), 0, 5), impl="ref")
+
+
 @needs_kernel
 def test_masked_keys_weigh_nothing(gen: torch.Generator) -> None:
     q, k, v = _inputs(2, 4, 1, 10, 24, gen)

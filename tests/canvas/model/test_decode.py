@@ -144,3 +144,55 @@ def test_a_full_window_rotates_and_every_reader_sees_it_in_order(model: Diffusio
     assert cache.ring == 0 and batch.ring == 0
     for i in range(len(cache.layers)):
         torch.testing.assert_close(batch.read(i), alone.read(i), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lengths", [(5, 9), (9, 20)])  # inside the window; one context past it (the ring)
+def test_copies_of_a_context_are_read_from_their_leader(model: DiffusionModel, lengths: tuple[int, int]) -> None:
+    """Lanes aligned from one context share its slots (`KVCache.shared`): steps read them from the group's leader
+    (zeroing every other row's copy changes nothing), give what the same cache without sharing gives, and a ring
+    step takes the overwritten slot out of the shared range."""
+    g = torch.Generator().manual_seed(4)
+    V, W = model.config.vocab_size, model.config.sliding_window
+    ctxs = [model.encode(torch.randint(3, V, (1, n), generator=g), logits="none")[1] for n in lengths]
+    rows = [(ctxs[0], 0)] * 3 + [(ctxs[1], 0)] * 2  # two contexts: lanes 0-2 of the first, 3-4 of the second
+    steps = torch.randint(3, V, (5, W + 4), generator=g)  # each lane its own tokens
+
+    def run(cache: KVCache) -> torch.Tensor:
+        out = []
+        for i in range(steps.shape[1]):
+            logits, _ = model.encode(steps[:, i : i + 1], cache=cache, logits="last")
+            assert logits is not None
+            out.append(logits[:, -1])
+        return torch.stack(out, 1)
+
+    shared = KVCache.aligned(rows, steps.shape[1])
+    assert shared.shared is not None and shared.shared.leader.tolist() == [0, 0, 0, 3, 3]
+    hi = shared.shared.hi
+    poisoned = KVCache.aligned(rows, steps.shape[1])
+    for lk in poisoned.layers:
+        n = shared.shared.full if not lk.sliding else hi
+        for b in (1, 2, 4):
+            lk.k[b, :, :n] = 0
+            lk.v[b, :, :n] = 0
+    plain = KVCache.aligned(rows, steps.shape[1])
+    plain.shared = None
+    want = run(plain)
+    got = run(shared)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(run(poisoned), got, rtol=1e-5, atol=1e-5)
+    assert shared.shared is not None
+    if max(lengths) + steps.shape[1] > W:  # the window filled: the ring took slots from the front
+        assert shared.shared.lo > 0 and shared.shared.lo in (shared.ring, hi)  # walked past (or through) them
+    else:
+        assert shared.shared.lo == 0
+
+
+def test_rows_of_distinct_sources_share_nothing(model: DiffusionModel) -> None:
+    g = torch.Generator().manual_seed(5)
+    ctxs = [model.encode(torch.randint(3, model.config.vocab_size, (1, 6), generator=g), logits="none")[1]
+            for _ in range(2)]
+    assert KVCache.aligned([(ctxs[0], 0), (ctxs[1], 0)], 4).shared is None
+    cache = KVCache.aligned([(ctxs[0], 0), (ctxs[0], 0)], 4)
+    assert cache.shared is not None
+    model.encode(torch.randint(3, model.config.vocab_size, (2, 2), generator=g), cache=cache, logits="none")
+    assert cache.shared is None  # the general path may move slots: sharing is dropped
