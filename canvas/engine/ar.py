@@ -453,7 +453,10 @@ def seam_logprobs(model: DiffusionModel, cache: KVCache, rows: Tensor, limits: T
         return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2), masks[cache.layers[i].sliding]
 
     ids = seam[:T].repeat(E)[None].expand(K, -1)  # (K, E*T)
-    h = model.run_layers(model.embed_tokens(ids), positions, read, decoder=False)
-    logp = torch.log_softmax(model.logits(h), dim=-1)  # (K, E*T, V)
+    quant = model.int8_for(K * E * T)  # as `encode` would run this many rows
+    h = model.run_layers(model.embed_tokens(ids), positions, read, decoder=False, quant=quant)
+    logits = model.logits(h, quant)  # (K, E*T, V) fp32
     target = seam[1:].repeat(E)[None, :, None].expand(K, -1, 1)
-    return logp.gather(-1, target)[..., 0].view(K, E, T).sum(-1)
+    # log p(target) = its logit - logsumexp: no second (K, E*T, V) tensor for a log_softmax.
+    logp = logits.gather(-1, target)[..., 0] - torch.logsumexp(logits, dim=-1)  # (K, E*T)
+    return logp.view(K, E, T).sum(-1)

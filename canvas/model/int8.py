@@ -29,9 +29,9 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
   useless (on the converted Gemma-3-270M, dynamic there alone moves top-1 on every position). Even so it is far
   from fp32 on that model (24 decode steps of English text, teacher-forced: mean KL 0.06 nats, top-1 79 %; "weight":
   0.004 nats, 92 %): an option to measure, not to serve, until per-channel activation scales tame the outliers.
-Invariants: only passes through `DiffusionModel.encode` of at most `ROW_LIMITS[scheme]` rows (batch x tokens) use
-them (`encode` decides: decode steps for "weight" and "dynamic", prefill too for "q8"); the denoiser and training
-keep the model's dtype and exact numerics. The int8 copies
+Invariants: only encoder passes of at most `ROW_LIMITS[scheme]` rows (batch x tokens) use them
+(`DiffusionModel.int8_for` decides, for `encode` and the seam scorer's read-only pass: decode steps for "weight" and
+"dynamic", prefill too for "q8"); the denoiser and training keep the model's dtype and exact numerics. The int8 copies
 live beside the fp32 weights (about a quarter more memory) and are rebuilt by calling `quantize_decode` again
 after the weights change. Fidelity is measured, not assumed: `dcanvas bench ar --int8 SCHEME` reports the top-1
 agreement and KL of int8 decode steps against fp32 on the same prefix, `dcanvas model check --only probes --int8

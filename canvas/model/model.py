@@ -290,6 +290,14 @@ class DiffusionModel(nn.Module):
         return x
 
     # ---- encoder ----------------------------------------------------------------------------------------------
+    def int8_for(self, rows: int) -> bool:
+        """Whether an encoder pass of `rows` (batch x tokens) rows runs on the int8 decode weights: the model has
+        them and `rows` is within its scheme's `ROW_LIMITS` (or `int8_rows`). `encode` and the seam scorer
+        (`canvas.engine.ar.seam_logprobs`, an encoder pass that reads a cache without writing it) ask it."""
+        if self.decode_int8 is None:
+            return False
+        return rows <= (ROW_LIMITS[self.decode_int8] if self.int8_rows is None else self.int8_rows)
+
     @torch.no_grad()
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None,
                *, logits: Literal["all", "last", "none"] = "all") -> tuple[Tensor | None, KVCache]:
@@ -351,9 +359,7 @@ class DiffusionModel(nn.Module):
             return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask
 
         # Decode steps (a few rows) go through the int8 weights when the model has them; prefill only under "q8".
-        quant = False
-        if self.decode_int8 is not None:
-            quant = B * T <= (ROW_LIMITS[self.decode_int8] if self.int8_rows is None else self.int8_rows)
+        quant = self.int8_for(B * T)
         if T == 1 and attention_mask is None and self.decode_fast:
             # The one-token step through its own few-op layer stack (canvas.model.decode), same cache writes.
             x = decode_layers(self, x[:, 0], positions[:, 0], cache, start, {False: full_mask, True: sliding_mask},
