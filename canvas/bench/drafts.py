@@ -78,6 +78,10 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
             def feed() -> torch.Tensor:
                 return torch.randint(3, cfg.vocab_size, (frames * k,), generator=g)
 
+            @staticmethod
+            def logit_rows() -> int:  # the lanes' (a FIM walk's shadows need none until the gap's last step)
+                return k
+
         walks: Any = [_Lane()]
         batch.step(walks)  # builds the lanes' cache (a copy of the context per lane): not a step's cost
         times = []

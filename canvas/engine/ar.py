@@ -20,8 +20,11 @@ tokens after the row's plain context: the seam is still scored by the plain AR l
 tokens after left + middle (the adapters are merged into the weights, so they are on in both frames). Why: the
 seam score then measures one thing with or without FIM (the continuation the judge and a reader see), a draft that
 reads well only in the FIM frame gains nothing, and the shadow costs one more row per lane in a step that reads
-the weights once anyway, instead of a re-encode of every draft at the end. The FIM frame's own likelihood of the
-draft (conditioned on both sides) is what `ar_draft_weight` weighs.
+the weights once anyway, instead of a re-encode of every draft at the end. A shadow needs no logits while the
+lanes grow (the seam pass scores the seam's first token too, re-reading each ending's last draft token), so the
+batch step computes the head for the lanes only, and for the shadows at the gap's last step (the chosen draft's
+plain logits carry the row's context on). The FIM frame's own likelihood of the draft (conditioned on both sides)
+is what `ar_draft_weight` weighs.
 
 SMC (`ar_smc_every` N > 0): every N tokens each lane's running seam score (the seam's plain log-likelihood right
 after the draft as it stands, one forward over all lanes) weighs it by its gain since its ancestor was last
@@ -104,7 +107,7 @@ class ARWalk:
         self.temperature = cfg.ar_temperature  # this gap's drafting temperature (`_start_gap` sets it)
         self.seam: Tensor | None = None
         self.fim_cache: KVCache | None = None  # the FIM prompt's cache while a FIM gap drafts
-        self.tokens = self.lp = self.seam0 = self.feed_next = torch.empty(0)
+        self.tokens = self.lp = self.feed_next = torch.empty(0)
         self.done = self.length = self.potential = torch.empty(0)
         self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
         self.lead = 0  # the lane the canvas shows while the lanes grow
@@ -197,7 +200,6 @@ class ARWalk:
             self.forwards += 1
         self.tokens = torch.zeros(self.lanes, g, dtype=torch.long, device=dev)
         self.lp = torch.zeros(self.lanes, g, device=dev)  # log p(draft token) at temperature 1 (the drafting frame)
-        self.seam0 = torch.zeros(self.lanes, g, device=dev)  # log p(seam[0] | draft[:e]) at [:, e - 1] (plain frame)
         self.done = torch.zeros(self.lanes, dtype=torch.bool, device=dev)  # a FIM lane wrote `<|fim_end|>`...
         self.length = torch.full((self.lanes,), g, dtype=torch.long, device=dev)  # ...after this many tokens
         self.potential = torch.zeros(self.lanes, device=dev)  # SMC: each lane's score when last weighed
@@ -267,16 +269,23 @@ class ARWalk:
         """(rows,) the token each batch row encodes this step (a FIM lane's shadow gets the lane's token)."""
         return self.feed_next.repeat(self.rows // self.lanes)
 
+    @property
+    def last_step(self) -> bool:
+        """Whether the coming batch step ends the gap (the budget, or every FIM lane has ended)."""
+        return self.n + 1 >= self.end - self.start or bool(self.done.all())
+
+    def logit_rows(self) -> int:
+        """How many of this walk's batch rows (from its first) need logits this step: the lanes, and in the FIM
+        frame their shadows only at the gap's last step (`_choose` carries the chosen one's plain logits on)."""
+        return self.rows if self.fim_cache is None or self.last_step else self.lanes
+
     def take(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
-        """Consume this step's logits (rows, V) after the fed tokens; `rows` (rows,) are this walk's rows in
-        `batch`, lanes first, then their plain shadows in the FIM frame."""
+        """Consume this step's logits after the fed tokens, (`logit_rows()`, V); `rows` (rows,) are this walk's
+        rows in `batch`, lanes first, then their plain shadows in the FIM frame."""
         K = self.lanes
         self.n += 1
         g = self.end - self.start
-        plain, plain_rows = logits[-K:], rows[-K:]  # the plain frame: the lanes themselves, or their shadows
-        if self.seam is not None and len(self.seam):
-            logp = torch.log_softmax(plain.float(), dim=-1)
-            self.seam0[:, self.n - 1] = logp[:, int(self.seam[0])]
+        plain_rows = rows[-K:]  # the plain frame: the lanes themselves, or their shadows
         if self.n < g and not bool(self.done.all()):
             draft_logits = logits[:K]
             every = self.cfg.ar_smc_every
@@ -285,7 +294,7 @@ class ARWalk:
                 draft_logits = draft_logits[pick]
             self._sample(draft_logits)
             return
-        self._choose(plain, batch, plain_rows)
+        self._choose(logits[-K:], batch, plain_rows)
 
     # ---- sequential Monte Carlo ------------------------------------------------------------------------------
     def _resample(self, batch: KVCache, rows: Tensor) -> Tensor:
@@ -293,11 +302,11 @@ class ARWalk:
         state (and at the next step its cache rows) follows its pick. rows (K,) plain-frame rows -> pick (K,)."""
         lengths = torch.where(self.done, self.length, self.n)[:, None]  # (K, 1): a finished lane as it ended
         limits = batch.length - self.n + lengths
-        score = self.seam0.gather(1, (lengths - 1).clamp(min=0))[:, 0]
-        score = score + seam_logprobs(self.model, batch, rows, limits, self.seam)[:, 0]  # type: ignore[arg-type]
+        last = self.tokens.gather(1, (lengths - 1).clamp(min=0))
+        score = seam_logprobs(self.model, batch, rows, limits, self.seam, last)[:, 0]  # type: ignore[arg-type]
         gain = (score - self.potential) / self.cfg.ar_smc_temperature
         pick = torch.multinomial(torch.softmax(gain, dim=0), self.lanes, replacement=True, generator=self.generator)
-        self.tokens, self.lp, self.seam0 = self.tokens[pick], self.lp[pick], self.seam0[pick]
+        self.tokens, self.lp = self.tokens[pick], self.lp[pick]
         self.done, self.length, self.potential = self.done[pick], self.length[pick], score[pick]
         self.seen = [{h: set(t) for h, t in self.seen[int(j)].items()} for j in pick.tolist()]
         old, per = self.serial, self.rows // self.lanes
@@ -326,10 +335,9 @@ class ARWalk:
         return [g, *ends][: self.cfg.ar_endings]
 
     def candidates(self, batch: KVCache, rows: Tensor) -> list[Candidate]:
-        """Every (lane, ending) with its score: the seam's log-likelihood after it (the first seam token from the
-        drafting logits, the rest from one forward over all candidates), plus `ar_draft_weight` times the draft's
-        mean token log-likelihood; with no seam tokens, the draft's mean log-likelihood alone. `rows` (K,): the
-        plain-frame rows of `batch`."""
+        """Every (lane, ending) with its score: the seam's log-likelihood after it (one forward over all
+        candidates), plus `ar_draft_weight` times the draft's mean token log-likelihood; with no seam tokens, the
+        draft's mean log-likelihood alone. `rows` (K,): the plain-frame rows of `batch`."""
         ends = [self.endings(k) for k in range(self.lanes)]
         E = max(len(e) for e in ends)
         lengths = torch.tensor([e + [e[-1]] * (E - len(e)) for e in ends], device=rows.device)  # (K, E)
@@ -337,14 +345,15 @@ class ARWalk:
         mean_lp = cum.gather(1, lengths - 1) / lengths  # (K, E)
         if self.seam is not None and len(self.seam):
             limits = batch.length - self.n + lengths  # the slot after each candidate's last draft token
-            seam = self.seam0.gather(1, lengths - 1) + seam_logprobs(self.model, batch, rows, limits, self.seam)
+            seam = seam_logprobs(self.model, batch, rows, limits, self.seam, self.tokens.gather(1, lengths - 1))
             score = seam + self.cfg.ar_draft_weight * mean_lp
         else:
             score = mean_lp
         return [Candidate(k, e, float(score[k, i])) for k in range(self.lanes) for i, e in enumerate(ends[k])]
 
     def _choose(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
-        """End the gap: write the best candidate. logits (K, V) and rows (K,): the plain frame's."""
+        """End the gap: write the best candidate. logits (K, V) and rows (K,): the plain frame's (its next-token
+        logits after each lane's whole draft)."""
         g = self.end - self.start
         cands = self.candidates(batch, rows)
         avoid = self.avoid[self.gaps_done] if self.gaps_done < len(self.avoid) else ()
@@ -395,8 +404,8 @@ class ARBatch:
         self.members: list[tuple[int, int]] = []  # (walk serial, lane) per batch row
         self.rebuilds = 0
 
-    def step(self, walks: list[ARWalk]) -> Tensor:
-        """Encode each drafting walk's next tokens in one call; returns the logits (B, V), walks' rows in order."""
+    def step(self, walks: list[ARWalk]) -> list[Tensor]:
+        """Encode each drafting walk's next tokens in one call; returns each walk's logits, (`logit_rows()`, V)."""
         want = [(w.serial, r) for w in walks for r in range(w.rows)]
         if want != self.members or self.cache is None:
             index = {m: i for i, m in enumerate(self.members)}
@@ -410,27 +419,37 @@ class ARBatch:
             self.members = want
             self.rebuilds += 1
         tokens = torch.cat([w.feed() for w in walks])[:, None]  # (B, 1)
-        out, _ = self.model.encode(tokens, cache=self.cache, logits="last")
+        wanted, starts, off = [], [], 0
+        for w in walks:  # each walk's first logit_rows() rows
+            n = w.logit_rows()
+            wanted.append(torch.arange(off, off + n))
+            starts.append(n)
+            off += w.rows
+        idx = torch.cat(wanted).to(tokens.device)
+        out, _ = self.model.encode(tokens, cache=self.cache, logits="last",
+                                   logit_rows=None if len(idx) == len(tokens) else idx)
         assert out is not None
-        return out[:, -1]  # (B, V)
+        return list(out[:, -1].split(starts))
 
     def clear(self) -> None:
         self.cache, self.members = None, []
 
 
 @torch.no_grad()
-def seam_logprobs(model: DiffusionModel, cache: KVCache, rows: Tensor, limits: Tensor, seam: Tensor) -> Tensor:
-    """Log-likelihood of seam[1:] after seam[0] for every candidate, in one forward that reads `cache` and never
-    writes it. Candidate (k, e) is row `rows[k]` of `cache` cut at slot `limits[k, e]` (keys from there on are
-    hidden), followed by the seam; its queries are seam[:-1] at the positions after the cut. rows (K,), limits
-    (K, E) long, seam (S,) -> (K, E) fp32 (zeros when S < 2: the first seam token's log-likelihood comes from the
-    drafting logits, which the caller has)."""
+def seam_logprobs(model: DiffusionModel, cache: KVCache, rows: Tensor, limits: Tensor, seam: Tensor,
+                  last: Tensor) -> Tensor:
+    """Log-likelihood of the seam after each candidate, in one forward that reads `cache` and never writes it.
+    Candidate (k, e) is row `rows[k]` of `cache` up to slot `limits[k, e]`, whose last token `last[k, e]` (the
+    draft's, already in the cache) is read again as the first query, so that its logits give the seam's first
+    token: the cache is cut at `limits - 1` (keys from there on hidden) and the queries are last, seam[:-1] at the
+    positions from the cut. rows (K,), limits and last (K, E) long, seam (S,) -> (K, E) fp32 (zeros when S = 0)."""
     K, E = limits.shape
     S = int(seam.numel())
     dev = cache.key_valid.device
-    if S < 2:
+    if S == 0:
         return torch.zeros(K, E, device=dev)
-    T, W, L = S - 1, model.config.sliding_window, cache.length
+    limits = limits - 1  # the last draft token's slot: re-read as the first query
+    T, W, L = S, model.config.sliding_window, cache.length
     j = torch.arange(T, device=dev).repeat(E)  # (E*T,) index inside the seam
     block = torch.arange(E, device=dev).repeat_interleave(T)  # (E*T,) which ending
     lim = limits.repeat_interleave(T, dim=1)  # (K, E*T)
@@ -452,11 +471,11 @@ def seam_logprobs(model: DiffusionModel, cache: KVCache, rows: Tensor, limits: T
         ck, cv = ck.index_select(0, rows), cv.index_select(0, rows)
         return torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2), masks[cache.layers[i].sliding]
 
-    ids = seam[:T].repeat(E)[None].expand(K, -1)  # (K, E*T)
+    ids = torch.cat([last[..., None], seam[:-1].expand(K, E, -1)], dim=-1).reshape(K, E * T)  # (K, E*T)
     quant = model.int8_for(K * E * T)  # as `encode` would run this many rows
     h = model.run_layers(model.embed_tokens(ids), positions, read, decoder=False, quant=quant)
     logits = model.logits(h, quant)  # (K, E*T, V) fp32
-    target = seam[1:].repeat(E)[None, :, None].expand(K, -1, 1)
+    target = seam.repeat(E)[None, :, None].expand(K, -1, 1)
     # log p(target) = its logit - logsumexp: no second (K, E*T, V) tensor for a log_softmax.
     logp = logits.gather(-1, target)[..., 0] - torch.logsumexp(logits, dim=-1)  # (K, E*T)
     return logp.view(K, E, T).sum(-1)

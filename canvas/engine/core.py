@@ -431,14 +431,14 @@ class Engine:
             return
         walks = [r.ar for r in drafting if r.ar is not None]
         t0 = time.perf_counter()
-        logits = self._ar.step(walks)  # (B, V)
+        logits = self._ar.step(walks)  # per walk (its logit rows, V)
         self.forward_s += time.perf_counter() - t0
         batch = self._ar.cache
         assert batch is not None
         off = 0
-        for row, walk in zip(drafting, walks, strict=True):
+        for row, walk, out in zip(drafting, walks, logits, strict=True):
             k = walk.rows
-            walk.take(logits[off : off + k], batch, torch.arange(off, off + k, device=logits.device))
+            walk.take(out, batch, torch.arange(off, off + k, device=out.device))
             off += k
             row.forwards += 1
             if walk.drafting:

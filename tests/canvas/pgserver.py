@@ -32,6 +32,14 @@ def find_bindir() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+def _runuser() -> str:
+    """util-linux's runuser: on PATH, else where Debian puts it (/usr/sbin, which a CI shell's PATH may leave out)."""
+    found = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if found is None:
+        raise RuntimeError("runuser (util-linux) not found: needed to run PostgreSQL as its own user under root")
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,7 +57,7 @@ class PgServer:
     def _run(self, *cmd: str) -> subprocess.CompletedProcess[str]:
         argv = [str(self.bindir / cmd[0]), *cmd[1:]]
         if self.user is not None:
-            argv = ["runuser", "-u", self.user, "--", *argv]
+            argv = [_runuser(), "-u", self.user, "--", *argv]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
     def start(self) -> PgServer:

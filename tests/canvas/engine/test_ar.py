@@ -132,7 +132,8 @@ def test_seam_logprobs_equal_full_encodes(model: DiffusionModel) -> None:
     batch = KVCache.aligned([(base, 0), (base, 0)], room=5)
     model.encode(drafts, cache=batch, logits="none")
     lengths = torch.tensor([[5, 3, 1], [4, 5, 2]])
-    got = engine_ar.seam_logprobs(model, batch, torch.tensor([0, 1]), batch.length - 5 + lengths, seam)
+    last = drafts.gather(1, lengths - 1)  # each candidate's last draft token, re-read as the first query
+    got = engine_ar.seam_logprobs(model, batch, torch.tensor([0, 1]), batch.length - 5 + lengths, seam, last)
     for k in range(2):
         for i, e in enumerate(lengths[k].tolist()):
             ids = torch.tensor([ctx + drafts[k, :e].tolist() + seam.tolist()])
@@ -140,7 +141,7 @@ def test_seam_logprobs_equal_full_encodes(model: DiffusionModel) -> None:
             assert logits is not None
             logp = torch.log_softmax(logits[0], -1)
             n = len(ctx) + e
-            want = sum(float(logp[n + j - 1, int(seam[j])]) for j in range(1, len(seam)))
+            want = sum(float(logp[n + j - 1, int(seam[j])]) for j in range(len(seam)))  # the first seam token too
             assert abs(float(got[k, i]) - want) < 1e-4
 
 
@@ -151,7 +152,7 @@ def test_the_scored_best_candidate_is_written_and_nulls_pad_the_gap(model: Diffu
     seen: list[torch.Tensor] = []
 
     def score(model: DiffusionModel, cache: KVCache, rows: torch.Tensor, limits: torch.Tensor,
-              seam: torch.Tensor) -> torch.Tensor:
+              seam: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         seen.append(limits - (cache.length - gap))  # the candidates' draft lengths
         lengths = limits - (cache.length - gap)
         return torch.where((torch.arange(len(rows))[:, None] == 2) & (lengths == 5), 1e6, 0.0)
@@ -172,7 +173,7 @@ def test_endings_follow_clause_ends(model: DiffusionModel, monkeypatch: pytest.M
     """With clause-end ids, a draft may end after one of them (no shorter than ar_min_fill) or at the budget."""
 
     def shortest(model: DiffusionModel, cache: KVCache, rows: torch.Tensor, limits: torch.Tensor,
-                 seam: torch.Tensor) -> torch.Tensor:
+                 seam: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         return -1e6 * limits.float()  # the shortest candidate wins
 
     monkeypatch.setattr(engine_ar, "seam_logprobs", shortest)

@@ -153,8 +153,8 @@ def test_smc_moves_lanes_with_their_cache_rows(model: DiffusionModel, monkeypatc
     real = engine_ar.seam_logprobs
 
     def favour_last(model: DiffusionModel, cache: object, rows: torch.Tensor, limits: torch.Tensor,
-                    seam: torch.Tensor) -> torch.Tensor:
-        out = real(model, cache, rows, limits, seam)  # type: ignore[arg-type]
+                    seam: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        out = real(model, cache, rows, limits, seam, last)  # type: ignore[arg-type]
         if limits.shape[1] == 1:  # the resample's one ending per lane (the end of the gap scores two)
             out[-1] += 1e4
         return out
