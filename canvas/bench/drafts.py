@@ -3,8 +3,7 @@
     dcanvas bench drafts [--model DIR | --preset bench-15m] [--drafts 8] [--gaps 32,64] [--prompt 192] [--runs 5]
 
 Per step: the median time of one batched `model.encode` of (K, 1) tokens over K lanes of one context
-(`canvas.engine.ar.ARBatch.step`, the call the engine makes each step; 2K rows in the FIM frame, each lane with its
-plain shadow, as the engine runs a model built with the FIM format) against the same for one lane; goal: batch 8
+(`canvas.engine.ar.ARBatch.step`, the call the engine makes each step) against the same for one lane; goal: batch 8
 <= 1.5x a single draft. With --model the engine is the server's (`load_backend`: its dtype, int8 decode weights and
 tokenizer facts). Per infill: the wall of a whole seam-aware AR infill through the engine (K drafts, their
 seam scoring, the choice) against the plain one-draft fill, for each gap size, with the seam tokens and endings the
@@ -53,34 +52,23 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(3, cfg.vocab_size, (1, args.prompt), generator=g)
     _, context = model.encode(ctx, cache=model.new_cache(1, args.prompt + 1), logits="none")
-    # In the FIM frame every lane has a plain shadow (`ARWalk.rows`): 2K batch rows from two caches, the FIM
-    # prompt's (left and right sides, here as long as the context) and the context's.
-    frames = 2 if engine.fim is not None and defaults.fim is not False else 1
-    fim_ctx = torch.randint(3, cfg.vocab_size, (1, args.prompt), generator=g)
-    _, fim_context = model.encode(fim_ctx, cache=model.new_cache(1, args.prompt + 1), logits="none")
-
     def step_time(k: int) -> float:
-        """Median seconds of one batched step of k lanes (and their shadows) of the context: the engine's per-step
-        AR call."""
+        """Median seconds of one batched step of k lanes of the context: the engine's per-step AR call."""
         steps = 16
         batch = ARBatch(model)
 
         class _Lane:  # the part of an `ARWalk` the batch reads
-            serial, lanes, rows = 1, k, frames * k
+            serial, lanes, rows = 1, k, k
             budget_left = steps + 1
             moved: dict[int, tuple[int, int]] = {}
 
             @staticmethod
             def source(row: int) -> KVCache:
-                return fim_context if frames == 2 and row < k else context
+                return context
 
             @staticmethod
             def feed() -> torch.Tensor:
-                return torch.randint(3, cfg.vocab_size, (frames * k,), generator=g)
-
-            @staticmethod
-            def logit_rows() -> int:  # the lanes' (a FIM walk's shadows need none until the gap's last step)
-                return k
+                return torch.randint(3, cfg.vocab_size, (k,), generator=g)
 
         walks: Any = [_Lane()]
         batch.step(walks)  # builds the lanes' cache (a copy of the context per lane): not a step's cost
@@ -116,12 +104,12 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
         infills[str(gap)] = {k: statistics.median(v) for k, v in walls.items()}
     out = {
         "model": name, "dtype": str(model.dtype).removeprefix("torch."), "prompt_tokens": args.prompt,
-        "drafts": args.drafts, "batch_rows": frames * args.drafts, "step_single_ms": single * 1e3,
+        "drafts": args.drafts, "step_single_ms": single * 1e3,
         "step_batch_ms": multi * 1e3,
         "step_ratio": multi / single, "infill_s": infills, "seam_tokens": seam.ar_seam_tokens,
         "runs": args.runs, "machine": machine(),
     }
-    lanes = f"{args.drafts} lanes" + (" + shadows (FIM frame)" if frames == 2 else "")
+    lanes = f"{args.drafts} lanes"
     rows = [(f"one AR step: 1 lane / {lanes} (goal <= 1.5x)",
              f"{single * 1e3:.1f} / {multi * 1e3:.1f} ms = {multi / single:.2f}x")]
     for gap, w in infills.items():

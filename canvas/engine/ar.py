@@ -15,16 +15,15 @@ FIM (the model has the fill-in-the-middle format and `SamplerConfig.fim` allows 
 the FIM frame instead, from one prefill of `fim_prompt(left, right)` (the row's text before the gap, the pinned run
 after it, both cut to the lengths the fine-tune saw; with `word_edges`, the left side's last partial word moved to
 the start of the middle, `canvas.convert.fim.heal_split`), each lane writing the middle until `<|fim_end|>` (never
-before `ar_min_fill` of the gap) or the budget. Every FIM lane has a plain shadow row in the batch, fed the same
-tokens after the row's plain context: the seam is still scored by the plain AR likelihood of the right side's first
-tokens after left + middle (the adapters are merged into the weights, so they are on in both frames). Why: the
-seam score then measures one thing with or without FIM (the continuation the judge and a reader see), a draft that
-reads well only in the FIM frame gains nothing, and the shadow costs one more row per lane in a step that reads
-the weights once anyway, instead of a re-encode of every draft at the end. A shadow needs no logits while the
-lanes grow (the seam pass scores the seam's first token too, re-reading each ending's last draft token), so the
-batch step computes the head for the lanes only, and for the shadows at the gap's last step (the chosen draft's
-plain logits carry the row's context on). The FIM frame's own likelihood of the draft (conditioned on both sides)
-is what `ar_draft_weight` weighs.
+before `ar_min_fill` of the gap) or the budget. The seam is still scored by the plain AR likelihood of the right
+side's first tokens after left + middle (the adapters are merged into the weights, so they are on in both frames):
+the seam score then measures one thing with or without FIM (the continuation the judge and a reader see), and a
+draft that reads well only in the FIM frame gains nothing. The lanes' plain-frame copies (`shadow`: K rows of the
+row's plain context) are encoded lazily, when a score needs them (an SMC resample, the gap's end), by one encode of
+the tokens written since (K, new): on a CPU a step's cost grows with its rows (the int8 GEMMs run at the
+dot-product rate from a few rows up, BENCHMARKS.md), and a prefill of many tokens a row costs less per token than
+a shadow row in every step. The seam pass scores the seam's first token too, re-reading each ending's last draft
+token. The FIM frame's own likelihood of the draft (conditioned on both sides) is what `ar_draft_weight` weighs.
 
 SMC (`ar_smc_every` N > 0): every N tokens each lane's running seam score (the seam's plain log-likelihood right
 after the draft as it stands, one forward over all lanes) weighs it by its gain since its ancestor was last
@@ -107,6 +106,8 @@ class ARWalk:
         self.temperature = cfg.ar_temperature  # this gap's drafting temperature (`_start_gap` sets it)
         self.seam: Tensor | None = None
         self.fim_cache: KVCache | None = None  # the FIM prompt's cache while a FIM gap drafts
+        self.shadow: KVCache | None = None  # the FIM lanes in the plain frame, fed up to `shadow_n` tokens
+        self.shadow_n = 0
         self.tokens = self.lp = self.feed_next = torch.empty(0)
         self.done = self.length = self.potential = torch.empty(0)
         self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
@@ -119,12 +120,12 @@ class ARWalk:
 
     @property
     def rows(self) -> int:
-        """Batch rows of the drafting lanes: K, or 2K in the FIM frame (the lanes, then their plain shadows)."""
-        return self.lanes * (2 if self.fim_cache is not None else 1)
+        """Batch rows of the drafting lanes: one a lane."""
+        return self.lanes
 
     def source(self, row: int) -> KVCache:
-        """The cache a new batch row `row` starts from: the FIM prompt's for a FIM lane, else the plain context."""
-        return self.fim_cache if self.fim_cache is not None and row < self.lanes else self.ctx
+        """The cache a new batch row starts from: the FIM prompt's in the FIM frame, else the plain context."""
+        return self.fim_cache if self.fim_cache is not None else self.ctx
 
     @property
     def budget_left(self) -> int:
@@ -187,7 +188,8 @@ class ARWalk:
         self.temperature = self.cfg.ar_temperature_long if long else self.cfg.ar_temperature
         dev = self.last.device
         first = self.last
-        self.fim_cache = None
+        self.fim_cache = self.shadow = None
+        self.shadow_n = 0
         if scored and self.fim is not None:
             left = self.history[-_FIM_LEFT:]
             # Token healing (`heal_split`): the left side's last partial word opens the middle instead, as text.
@@ -266,35 +268,41 @@ class ARWalk:
         self.feed_next = tok
 
     def feed(self) -> Tensor:
-        """(rows,) the token each batch row encodes this step (a FIM lane's shadow gets the lane's token)."""
-        return self.feed_next.repeat(self.rows // self.lanes)
-
-    @property
-    def last_step(self) -> bool:
-        """Whether the coming batch step ends the gap (the budget, or every FIM lane has ended)."""
-        return self.n + 1 >= self.end - self.start or bool(self.done.all())
-
-    def logit_rows(self) -> int:
-        """How many of this walk's batch rows (from its first) need logits this step: the lanes, and in the FIM
-        frame their shadows only at the gap's last step (`_choose` carries the chosen one's plain logits on)."""
-        return self.rows if self.fim_cache is None or self.last_step else self.lanes
+        """(K,) the token each lane encodes this step."""
+        return self.feed_next
 
     def take(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
-        """Consume this step's logits after the fed tokens, (`logit_rows()`, V); `rows` (rows,) are this walk's
-        rows in `batch`, lanes first, then their plain shadows in the FIM frame."""
+        """Consume this step's logits (K, V) after the fed tokens; `rows` (K,) are this walk's lanes in `batch`."""
         K = self.lanes
         self.n += 1
         g = self.end - self.start
-        plain_rows = rows[-K:]  # the plain frame: the lanes themselves, or their shadows
         if self.n < g and not bool(self.done.all()):
-            draft_logits = logits[:K]
             every = self.cfg.ar_smc_every
             if every and K > 1 and self.n % every == 0 and self.seam is not None and len(self.seam):
-                pick = self._resample(batch, plain_rows)
-                draft_logits = draft_logits[pick]
-            self._sample(draft_logits)
+                cache, plain_rows, _ = self._plain_frame(batch, rows, logits=False)
+                logits = logits[self._resample(cache, plain_rows)]
+            self._sample(logits)
             return
-        self._choose(logits[-K:], batch, plain_rows)
+        cache, plain_rows, plain = self._plain_frame(batch, rows, logits=True)
+        self._choose(logits if plain is None else plain, cache, plain_rows)
+
+    def _plain_frame(self, batch: KVCache, rows: Tensor, *, logits: bool) -> tuple[KVCache, Tensor, Tensor | None]:
+        """The lanes' drafts so far after the row's plain context: (cache, the lanes' rows in it, their next-token
+        logits (K, V) when `logits` and they differ from the step's). Outside the FIM frame the lanes are those rows
+        of `batch`. In the FIM frame, the shadow: K copies of the plain context (`KVCache.aligned`, which shares
+        their slots), brought up to date by one encode of the tokens written since the last time."""
+        if self.fim_cache is None:
+            return batch, rows, None
+        K, g = self.lanes, self.end - self.start
+        if self.shadow is None:
+            self.shadow, self.shadow_n = KVCache.aligned([(self.ctx, 0)] * K, g), 0
+        new = self.tokens[:, self.shadow_n : self.n]  # (K, n - shadow_n), at least one at the gap's end
+        out = None
+        if new.shape[1]:
+            out, _ = self.model.encode(new, cache=self.shadow, logits="last" if logits else "none")
+            self.shadow_n = self.n
+            self.forwards += 1
+        return self.shadow, torch.arange(K, device=rows.device), None if out is None else out[:, -1]
 
     # ---- sequential Monte Carlo ------------------------------------------------------------------------------
     def _resample(self, batch: KVCache, rows: Tensor) -> Tensor:
@@ -309,10 +317,12 @@ class ARWalk:
         self.tokens, self.lp = self.tokens[pick], self.lp[pick]
         self.done, self.length, self.potential = self.done[pick], self.length[pick], score[pick]
         self.seen = [{h: set(t) for h, t in self.seen[int(j)].items()} for j in pick.tolist()]
-        old, per = self.serial, self.rows // self.lanes
+        old = self.serial
         self.serial = next(_serials)
-        self.moved = {c * self.lanes + k: (old, c * self.lanes + int(j)) for c in range(per)
-                      for k, j in enumerate(pick.tolist())}
+        self.moved = {k: (old, int(j)) for k, j in enumerate(pick.tolist())}
+        if self.shadow is not None:  # the shadow's rows follow their lanes now
+            room = self.end - self.start - self.n
+            self.shadow = KVCache.aligned([(self.shadow, int(j)) for j in pick.tolist()], room)
         return pick
 
     # ---- the end of a gap ------------------------------------------------------------------------------------
@@ -390,7 +400,7 @@ class ARWalk:
             else:
                 self._feed(fill)
         self.lanes = 0
-        self.fim_cache = None
+        self.fim_cache = self.shadow = None
         self.moved = {}
 
 
@@ -405,7 +415,7 @@ class ARBatch:
         self.rebuilds = 0
 
     def step(self, walks: list[ARWalk]) -> list[Tensor]:
-        """Encode each drafting walk's next tokens in one call; returns each walk's logits, (`logit_rows()`, V)."""
+        """Encode each drafting walk's next tokens in one call; returns each walk's logits, (its rows, V)."""
         want = [(w.serial, r) for w in walks for r in range(w.rows)]
         if want != self.members or self.cache is None:
             index = {m: i for i, m in enumerate(self.members)}
@@ -419,17 +429,9 @@ class ARBatch:
             self.members = want
             self.rebuilds += 1
         tokens = torch.cat([w.feed() for w in walks])[:, None]  # (B, 1)
-        wanted, starts, off = [], [], 0
-        for w in walks:  # each walk's first logit_rows() rows
-            n = w.logit_rows()
-            wanted.append(torch.arange(off, off + n))
-            starts.append(n)
-            off += w.rows
-        idx = torch.cat(wanted).to(tokens.device)
-        out, _ = self.model.encode(tokens, cache=self.cache, logits="last",
-                                   logit_rows=None if len(idx) == len(tokens) else idx)
+        out, _ = self.model.encode(tokens, cache=self.cache, logits="last")
         assert out is not None
-        return list(out[:, -1].split(starts))
+        return list(out[:, -1].split([w.rows for w in walks]))
 
     def clear(self) -> None:
         self.cache, self.members = None, []

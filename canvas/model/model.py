@@ -300,13 +300,11 @@ class DiffusionModel(nn.Module):
 
     @torch.no_grad()
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None,
-               *, logits: Literal["all", "last", "none"] = "all",
-               logit_rows: Tensor | None = None) -> tuple[Tensor | None, KVCache]:
+               *, logits: Literal["all", "last", "none"] = "all") -> tuple[Tensor | None, KVCache]:
         """Causal pass over `input_ids` (B, T) appended to `cache` (a new one when None).
 
         `attention_mask` (B, T) marks real tokens (left padding = False); positions are shared across the batch
-        and count padding, as in the reference. Returns the AR logits ((B, T, V), (B, 1, V) or None) and the cache;
-        with `logit_rows` (R,) only those rows' logits, (R, T, V) or (R, 1, V).
+        and count padding, as in the reference. Returns the AR logits ((B, T, V), (B, 1, V) or None) and the cache.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
@@ -375,8 +373,6 @@ class DiffusionModel(nn.Module):
         cache.next_pos = cache.length - cache.pos_offset
         if logits == "none":
             return None, cache
-        if logit_rows is not None:  # only these rows' logits (the LM head is a large share of a few-row step)
-            x = x.index_select(0, logit_rows)
         return self.logits(x if logits == "all" else x[:, -1:], quant), cache
 
     @staticmethod

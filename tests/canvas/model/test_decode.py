@@ -197,13 +197,3 @@ def test_rows_of_distinct_sources_share_nothing(model: DiffusionModel) -> None:
     model.encode(torch.randint(3, model.config.vocab_size, (2, 2), generator=g), cache=cache, logits="none")
     assert cache.shared is None  # the general path may move slots: sharing is dropped
 
-
-def test_logit_rows_give_those_rows_logits_only(model: DiffusionModel) -> None:
-    g = torch.Generator().manual_seed(6)
-    ids = torch.randint(3, model.config.vocab_size, (3, 5), generator=g)
-    _, cache = model.encode(ids, cache=model.new_cache(3, 8), logits="none")
-    step = torch.randint(3, model.config.vocab_size, (3, 1), generator=g)
-    want, _ = model.encode(step, cache=cache.grown(8), logits="last")
-    got, _ = model.encode(step, cache=cache.grown(8), logits="last", logit_rows=torch.tensor([2, 0]))
-    assert want is not None and got is not None and got.shape == (2, 1, model.config.vocab_size)
-    torch.testing.assert_close(got, want[[2, 0]])
