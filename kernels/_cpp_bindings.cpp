@@ -15,6 +15,9 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, cons
                          const c10::optional<torch::Tensor>& extra_v, const c10::optional<torch::Tensor>& leader,
                          int64_t shared_lo, int64_t shared_hi);
 
+torch::Tensor gelu_mul(const torch::Tensor& gate_up);
+torch::Tensor softcap_(torch::Tensor& x, double cap);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_gemm", &q8_gemm, "x (M, K) fp32 (times kmask (K,)) @ (packed Q8 weight, scale (N,)).T -> (M, N) fp32",
         pybind11::arg("x"), pybind11::arg("wq"), pybind11::arg("wscale"), pybind11::arg("kmask") = pybind11::none());
@@ -23,5 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of one leader sharing slots [shared_lo, shared_hi)", pybind11::arg("q"), pybind11::arg("keys"),
         pybind11::arg("values"), pybind11::arg("mask"), pybind11::arg("extra_k"), pybind11::arg("extra_v"),
         pybind11::arg("leader") = pybind11::none(), pybind11::arg("shared_lo") = 0, pybind11::arg("shared_hi") = 0);
+  m.def("gelu_mul", &gelu_mul, "gelu_tanh(gate) * up over the halves of gate_up (R, 2I) fp32 rows -> (R, I)");
+  m.def("softcap_", &softcap_, "x = tanh(x / cap) * cap in place over fp32");
   m.def("rms_norm_fused", &rms_norm_fused, "(residual + rms_norm(x) * weight) * scale over fp32 rows");
 }

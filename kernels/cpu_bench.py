@@ -1,10 +1,12 @@
-"""CPU kernel benchmark: the Q8 GEMM and the fused RMSNorm against what they replace, at Gemma-3-270M's shapes.
+"""CPU kernel benchmark: the Q8 GEMM, the fused RMSNorm and the activations against what they replace, at
+Gemma-3-270M's shapes.
 
 Run: `python -m kernels.cpu_bench [--threads N] [--reps R] [--json]`. For each projection of the converted
 Gemma-3-270M (q/k/v 1548x640, attention output 640x1032, MLP gate/up 4096x640 and down 640x2048, the 96k head
 98304x640) at M = 1, 8 and 256 rows it times, interleaved rep by rep (so load on a shared machine falls on all
 alike): `q8_linear` (C++), torch's weight-only int8 (`aten._weight_int8pack_mm`, bf16 activations: the "weight"
-decode scheme) and fp32 `F.linear`; then the decode step's norm (8 rows of 640) fused against torch's. Reports the
+decode scheme) and fp32 `F.linear`; then the decode step's norm (8 rows of 640) fused against torch's, and the
+gated GELU (gate/up of 2 x 2048) and the logit soft-cap (98304 logits) at 1 and 16 rows against torch's. Reports the
 median and best ms of each, the weight GB/s of the best (weight bytes / time: how near memory speed a few-row
 call runs) and the speed-up of q8 over the others. The table goes to stdout; the last line is one JSON object
 (CPU flags, ISA built, torch, threads, git sha, rows). Checks q8 against its reference first (exit 1 if off).
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._cpp import build_isa
+from kernels.act_cpu import gelu_mul, gelu_mul_ref, softcap_, softcap_ref
 from kernels.bench import _git_sha
 from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight
 from kernels.rmsnorm_cpu import rms_norm_fused
@@ -51,6 +54,12 @@ def _fns(x: torch.Tensor, w: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, x
     return {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
             "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
             "fp32": lambda: F.linear(x, w)}
+
+
+def _act_fns(gu: torch.Tensor, logits: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    return {"gelu_cpp": lambda: gelu_mul(gu, impl="cpp"), "gelu_torch": lambda: gelu_mul_ref(gu),
+            "softcap_cpp": lambda: softcap_(logits, 30.0, impl="cpp"),
+            "softcap_torch": lambda: softcap_ref(logits, 30.0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     t = _interleaved({"fused": lambda: rms_norm_fused(x, nw, 1e-6, res, sc, impl="cpp"),
                       "torch": lambda: (res + F.rms_norm(x, (640,), nw, 1e-6)) * sc}, args.reps * 20)
     norm = {"op": "rms_norm+add+scale 8x640", **{f"{k}_best_us": min(v) * 1e3 for k, v in t.items()}}
+    acts = []
+    for M in (1, 16):
+        gu, logits = torch.randn(M, 4096, generator=g), torch.randn(M, 98304, generator=g) * 10
+        t = _interleaved(_act_fns(gu, logits), args.reps * 4)
+        acts.append({"rows": M, **{f"{k}_best_us": min(v) * 1e3 for k, v in t.items()}})
     out = {"isa": build_isa(), "torch": torch.__version__, "threads": torch.get_num_threads(), "git_sha": _git_sha(),
-           "checks_ok": ok, "rows": rows, "norm": norm}
+           "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts}
     if not args.json:
         print(f"{'op':<8} {'N':>6} {'K':>5} {'M':>4} {'q8 ms':>8} {'int8pack':>9} {'fp32':>8} {'q8 GB/s':>8} "
               f"{'vs int8pack':>11} {'vs fp32':>8}  (best of {args.reps}, interleaved; medians in the JSON)")
@@ -102,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['q8_vs_int8pack']:>10.2f}x {r['q8_vs_fp32']:>7.2f}x")
         print(f"norm, 8 rows of 640 with residual and scale: fused {norm['fused_best_us']:.1f} us, "
               f"torch {norm['torch_best_us']:.1f} us")
+        for a in acts:
+            print(f"{a['rows']:>2} rows: gelu(gate) * up of 2 x 2048: C++ {a['gelu_cpp_best_us']:.1f} us, torch "
+                  f"{a['gelu_torch_best_us']:.1f} us; soft-cap of 98304 logits: C++ {a['softcap_cpp_best_us']:.1f} us, "
+                  f"torch {a['softcap_torch_best_us']:.1f} us")
     print(json.dumps(out))
     return 0 if ok else 1
 

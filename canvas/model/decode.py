@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from canvas.model.int8 import int8_weight_mm, q8_mm
-from kernels import attend_cpu
+from kernels import act_cpu, attend_cpu
 from kernels.attend_cpu import Share
 from kernels.rmsnorm_cpu import fused_kernel
 
@@ -65,6 +65,7 @@ Lin = tuple[Tensor, Tensor | None, Tensor | None, int, Tensor | None]
 # The C++ kernels' raw entry points (None where they did not build), looked up once per process: they run per layer.
 _fused_norm_kernel = functools.cache(fused_kernel)
 _attend_cpu_kernel = functools.cache(attend_cpu.kernel)
+_gelu_mul_kernel = functools.cache(act_cpu.gelu_mul_kernel)
 
 
 def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None = None,
@@ -90,6 +91,17 @@ def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None 
     if residual is not None:
         y = residual + y
     return y if scale is None else y * scale
+
+
+def _gelu_mul(gate_up: Tensor) -> Tensor:
+    """gelu_tanh(gate) * up over gate_up's halves, (B, 2I) -> (B, I): one C++ pass for fp32 on the CPU, eagerly
+    (`kernels.act_cpu`), else the torch ops (which inductor fuses when compiled)."""
+    if gate_up.dtype == torch.float32 and gate_up.device.type == "cpu" and not torch.compiler.is_compiling():
+        fn = _gelu_mul_kernel()
+        if fn is not None:
+            return fn(gate_up.contiguous())
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def _mm(x: Tensor, lin: Lin) -> Tensor:
@@ -128,8 +140,7 @@ def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin,
     post_attn, pre_ff, pre_ff2, post_ff1, post_ff2, post_ff = norms
     h = _norm(_mm(att, o_proj), post_attn, eps, residual=x)  # (B, M): x + norm(o)
     B, M = h.shape
-    gate, up = _mm(_norm(h, pre_ff, eps), gate_up).chunk(2, dim=-1)
-    dense = _mm(F.gelu(gate, approximate="tanh") * up, down)
+    dense = _mm(_gelu_mul(_mm(_norm(h, pre_ff, eps), gate_up)), down)
     if not routed_on:  # norm(routed) * 0 is exactly 0: the same sum without it
         return _norm(_norm(dense, post_ff1, eps), post_ff, eps, residual=h, scale=scalar)
     # Routing as `Block.route`: top-k of the softmax, renormalised, times the per-expert scale.

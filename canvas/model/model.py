@@ -32,6 +32,7 @@ from canvas.model.config import ModelConfig, RopeConfig
 from canvas.model.decode import DecodeCompiler, decode_layers
 from canvas.model.int8 import ROW_LIMITS
 from canvas.model.io import load_dir, save_pretrained
+from kernels.act_cpu import gelu_mul, softcap_
 from kernels.moe import fused_moe
 from kernels.rmsnorm import rms_norm, rms_norm_add
 from kernels.soft_embed import soft_embedding
@@ -161,8 +162,9 @@ class Block(nn.Module):
         """Dense MLP and routed experts side by side, both on the post-attention residual stream. (B, T, M)."""
         B, T, M = x.shape
         h = rms_norm(x, self.pre_feedforward_layernorm, self.eps)
-        gate, up = linear(h, self.mlp_gate_up, self.mlp_gate_up_int8, quant).chunk(2, dim=-1)
-        dense = linear(F.gelu(gate, approximate="tanh") * up, self.mlp_down, self.mlp_down_int8, quant)
+        gate_up = linear(h, self.mlp_gate_up, self.mlp_gate_up_int8, quant)  # (B, T, 2I)
+        act = gelu_mul(gate_up.reshape(B * T, -1)).view(B, T, -1)  # (B, T, I): gelu(gate) * up, one pass on the CPU
+        dense = linear(act, self.mlp_down, self.mlp_down_int8, quant)
         flat = x.reshape(-1, M)
         weights, ids = self.route(flat)
         routed = fused_moe(rms_norm(flat, self.pre_feedforward_layernorm_2, self.eps), weights, ids,
@@ -270,8 +272,8 @@ class DiffusionModel(nn.Module):
             return out
         if torch.is_grad_enabled():
             return torch.tanh(out / cap) * cap
-        # Inference: the same three ops in place (bit-identical), sparing two (B, T, V) fp32 temporaries a step.
-        return out.div_(cap).tanh_().mul_(cap)
+        # Inference: in place, sparing two (B, T, V) fp32 temporaries a step; one pass on the CPU (kernels.act_cpu).
+        return softcap_(out, cap)
 
     def run_layers(self, x: Tensor, positions: Tensor, kv: KVSource, *, decoder: bool,
                    on_residual: Callable[[Block, Tensor], None] | None = None, quant: bool = False) -> Tensor:
