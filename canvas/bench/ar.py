@@ -11,8 +11,10 @@ Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`
   ids with the cache plus the argmax of its logits (what the engine's AR step runs at temperature 0);
 - the batch-1 step split: layers (projections, norms, MLP, experts, cache writes), attention over the cache (the
   SDPA calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler (argmax), and Python /
-  dispatch: the step's wall minus the time torch's profiler attributes to operators (an estimate: the profiler adds
-  a little to both). Layers is what remains of `encode(logits="none")` after attention and Python.
+  dispatch: the step's wall minus the time spent in operators: what torch's profiler attributes to aten ops plus
+  the wall of the C++ kernels' calls (`kernels._cpp`'s, timed by wrapping their entry points: they are pybind
+  calls the profiler does not see) (an estimate: the profiler adds a little to both). Layers is what remains of
+  `encode(logits="none")` after attention and Python.
 With int8 decode weights (`--int8`, default as the server decides: `DCANVAS_DECODE_INT8`, else "auto",
 `canvas.model.int8.scheme_for`; fp32 models only) the decode figures are the int8 ones, the same without int8
 come beside them, and so does the int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their
@@ -41,7 +43,8 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,13 +138,48 @@ def prefill_s(model: DiffusionModel, shape: ArShape) -> float:
                      shape.runs)
 
 
+@contextmanager
+def _timed_kernels() -> Iterator[list[float]]:
+    """While open, the C++ kernels' entry points (as the decode step and the head look them up) add their wall
+    time to the yielded cell: they are pybind calls, which torch's profiler does not count as operators."""
+    from canvas.model import decode, int8
+    from kernels import act_cpu
+
+    spent = [0.0]
+
+    def timed(get: Callable[[], Any]) -> Callable[[], Any]:
+        fn = get()
+        if fn is None:
+            return get
+
+        def call(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args)
+            spent[0] += time.perf_counter() - t0
+            return out
+
+        return lambda: call
+
+    targets = [(decode, "_fused_norm_kernel"), (decode, "_attend_cpu_kernel"), (decode, "_gelu_mul_kernel"),
+               (int8, "_q8_kernel"), (act_cpu, "softcap_kernel")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in targets]
+    try:
+        for mod, name, get in saved:
+            setattr(mod, name, timed(get))
+        yield spent
+    finally:
+        for mod, name, get in saved:
+            setattr(mod, name, get)
+
+
 def _operator_s(fn: Callable[[], object]) -> float:
-    """Seconds torch's profiler attributes to operators (self time, every aten op) during one call of `fn`."""
+    """Seconds spent in operators during one call of `fn`: torch's profiler's self time of every aten op, plus the
+    C++ kernels' calls (`_timed_kernels`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _timed_kernels() as spent, profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e6
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key.startswith("aten::")) / 1e6 + spent[0]
 
 
 def step_split(model: DiffusionModel, shape: ArShape) -> dict[str, float]:
