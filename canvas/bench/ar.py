@@ -10,11 +10,11 @@ Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`
 - decode at batch 1 and batch `--batch`: `--tokens` greedy steps after that prefix, each one `encode` of (B, 1)
   ids with the cache plus the argmax of its logits (what the engine's AR step runs at temperature 0);
 - the batch-1 step split: layers (projections, norms, MLP, experts, cache writes), attention over the cache (the
-  SDPA calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler (argmax), and Python /
-  dispatch: the step's wall minus the time spent in operators: what torch's profiler attributes to aten ops plus
-  the wall of the C++ kernels' calls (`kernels._cpp`'s, timed by wrapping their entry points: they are pybind
-  calls the profiler does not see) (an estimate: the profiler adds a little to both). Layers is what remains of
-  `encode(logits="none")` after attention and Python.
+  decode step's attention calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler
+  (argmax), and Python / dispatch: the step's wall minus the time spent in operators, i.e. what torch's profiler
+  attributes to aten ops plus the wall of the C++ kernels' calls (`kernels._cpp`'s, timed by wrapping their entry
+  points: they are pybind calls the profiler does not see); an estimate, the profiler adds a little to both.
+  Layers is what remains of `encode(logits="none")` after attention and Python.
 With int8 decode weights (`--int8`, default as the server decides: `DCANVAS_DECODE_INT8`, else "auto",
 `canvas.model.int8.scheme_for`; fp32 models only) the decode figures are the int8 ones, the same without int8
 come beside them, and so does the int8 steps' fidelity: `tokens` decode steps fed fp32's greedy tokens, their
@@ -50,11 +50,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
-from canvas.model.decode import DecodeCompiler, compile_setting
+from canvas.model.decode import DecodeCompiler, attend_one, compile_setting
 from canvas.model.int8 import SCHEMES, DecodeCopies, Scheme, decode_copies, quantize_decode, restore_decode, scheme_for
 from canvas.model.io import read_config
 
@@ -197,17 +196,18 @@ def step_split(model: DiffusionModel, shape: ArShape) -> dict[str, float]:
                              for _ in range(shape.runs))
     ops = statistics.median(_operator_s(encode_steps(template.grown(template.capacity))) / steps
                             for _ in range(max(1, shape.runs // 2)))
-    # Attention over the cache: each layer's SDPA of one query over its cached keys, as `Attention.attend` calls it.
+    # Attention over the cache: each layer's one query over its cached keys, as the decode step attends
+    # (`canvas.model.decode`: the C++ kernel for fp32 on the CPU, else two matmuls and a softmax).
     g = torch.Generator().manual_seed(2)
     calls = []
     for i, layer in enumerate(model.blocks):
         keys, values = template.read(i)
         q = torch.randn(1, layer.attn.n_heads, 1, layer.attn.head_dim, generator=g).to(model.dtype)
-        calls.append((q, keys, values, layer.attn.n_kv != layer.attn.n_heads))
+        calls.append((q, keys, values))
 
     def attention() -> None:
-        for q, k, v, gqa in calls:
-            F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=gqa)
+        for q, k, v in calls:
+            attend_one(q, k, v, None)
 
     h = torch.randn(1, 1, cfg.hidden_size, generator=g).to(model.dtype)
     quant = model.decode_int8 is not None  # one row: `encode` takes the int8 head when the model has one

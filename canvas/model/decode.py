@@ -16,7 +16,7 @@ per layer, casts around every norm, routing with host syncs and a sort). Here, p
   sort and no grouping (~20 ops a layer on the general path).
 - the single query a row attends in one C++ call for fp32 on the CPU (`kernels.attend_cpu`: each cached key and
   value row read once for the query heads sharing it, no per-layer matmul / mask / softmax ops), else by two
-  matmuls and a softmax (`_attend_one`), faster than CPU SDPA's flash kernel, which is built for blocks of queries;
+  matmuls and a softmax (`attend_one`), faster than CPU SDPA's flash kernel, which is built for blocks of queries;
 - once the sliding window is full, its buffers serve as a ring (`KVCache.ring`): the step attends over the window
   and its own key in two pieces and overwrites the oldest slot, where the general path concatenates the window
   with the new key and shifts it back (two copies of every sliding layer's cache, every row, every step).
@@ -238,7 +238,7 @@ def _attend_kernel(q: Tensor) -> Any:
     return _attend_cpu_kernel() if q.dtype == torch.float32 and q.device.type == "cpu" else None
 
 
-def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, share: Share | None = None) -> Tensor:
+def attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, share: Share | None = None) -> Tensor:
     """One query a row over its keys, scale 1: q (B, H, 1, D), keys / values (B, G, S, D), mask (B, 1, 1, S) bool
     or None -> (B, H, 1, D). `share`: rows whose slots are copies of a leader's (`SharedRows`), which the C++
     kernel reads once per group. Else two matmuls and a softmax: for a single query this beats CPU SDPA's flash
@@ -323,7 +323,7 @@ def _layers(model: DiffusionModel, x: Tensor, positions: Tensor, cache: KVCache,
             ring_size = n_tail
         else:
             keys, values = _cache_step(cache, i, k, v, start, n_tail)
-            out = _attend_one(q, keys, values, masks[attn.sliding], share)
+            out = attend_one(q, keys, values, masks[attn.sliding], share)
         x = post(x, out.reshape(x.shape[0], -1), _lin(attn.o_proj, attn.o_proj_int8, quant),
                  _lin(layer.mlp_gate_up, layer.mlp_gate_up_int8, quant),
                  _lin(layer.mlp_down, layer.mlp_down_int8, quant),
@@ -435,5 +435,5 @@ def _run_compiled(compiler: DecodeCompiler, model: DiffusionModel, x: Tensor, ca
                   halves=(compiler.pre, compiler.post))
 
 
-__all__ = ["ENV_VAR", "DecodeCompiler", "attach_compiler", "compile_setting", "decode_layers", "post_attention",
-           "pre_attention"]
+__all__ = ["ENV_VAR", "DecodeCompiler", "attach_compiler", "attend_one", "compile_setting", "decode_layers",
+           "post_attention", "pre_attention"]
