@@ -1,5 +1,5 @@
-// Vector math shared by the CPU kernels (attend_cpu.cpp, act_cpu.cpp): exp on 16 fp32 lanes, and the lane mask of a
-// vector's tail. Header-only; each kernel includes it under its own AVX-512 guard.
+// Vector math shared by the CPU kernels (attend_cpu.cpp, act_cpu.cpp): exp and tanh on 16 fp32 lanes, and the lane
+// mask of a vector's tail. Header-only; each kernel includes it under its own AVX-512 guard.
 
 #pragma once
 
@@ -27,6 +27,27 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(p, n);
+}
+
+// tanh(x) lane by lane, to a few ulp relative everywhere: Cephes' tanhf, an odd polynomial below |x| = 0.625 (where
+// 1 - 2 / (exp(2x) + 1) would cancel: its absolute error ~1e-7 is all of a small result), that formula above
+// (saturating to +-1; exp's overflow is capped first, as 1 / inf would not be needed but inf / inf would).
+inline __m512 tanh512(__m512 x) {
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
+  const __m512 e = _mm512_min_ps(exp512(_mm512_add_ps(ax, ax)), _mm512_set1_ps(1e30f));
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 big = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, one)));
+  const __m512 signed_big =
+      _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), _mm512_and_si512(sign, _mm512_castps_si512(x))));
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 q = _mm512_set1_ps(-5.70498872745E-3f);
+  q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.06390887954E-2f));
+  q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-5.37397155531E-2f));
+  q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.33314422036E-1f));
+  q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-3.33332819422E-1f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(q, z), x, x);
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ), signed_big, small);
 }
 
 // The first min(n, 16) lanes.

@@ -59,6 +59,17 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
+@pytest.fixture
+def cpp_unbuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU C++ kernels as on a machine where they could not be built (no compiler), nothing warned yet."""
+    from kernels import _cpp
+
+    isa = _cpp.build_isa()
+    monkeypatch.setitem(_cpp._MODULES, isa, None)
+    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
+    monkeypatch.setattr(_cpp, "_WARNED", set())
+
+
 def _run_delegated(session: pytest.Session) -> dict[str, tuple[str, str]]:
     """Run every selected test that needs Triton in one interpreter subprocess; return nodeid -> (outcome, text)."""
     nodeids = [item.nodeid for item in session.items if _FIXTURE in getattr(item, "fixturenames", ())]

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import _cpp
 from kernels import attend_cpu as ac
 from kernels.attend_cpu import attend_one, attend_one_ref
 
@@ -26,6 +25,19 @@ def _inputs(B: int, H: int, G: int, S: int, D: int, gen: torch.Generator, cap: i
     k = torch.randn(B, G, S + cap, D, generator=gen)[:, :, :S]
     v = torch.randn(B, G, S + cap, D, generator=gen)[:, :, :S]
     return q, k, v
+
+
+def _extras(B: int, G: int, S: int, D: int, variant: str, gen: torch.Generator
+            ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The ring's extra key and value ("extra" in `variant`) and a mask ("mask"), each or None; no row all masked."""
+    extra = "extra" in variant
+    ek = torch.randn(B, G, D, generator=gen) if extra else None
+    ev = torch.randn(B, G, D, generator=gen) if extra else None
+    mask = None
+    if "mask" in variant:
+        mask = torch.rand(B, S + int(extra), generator=gen) > 0.4
+        mask[:, -1] = True
+    return ek, ev, mask
 
 
 def _tol(ref: torch.Tensor) -> dict[str, float]:
@@ -51,13 +63,7 @@ def test_ref_matches_sdpa(gen: torch.Generator) -> None:
 @pytest.mark.parametrize("variant", ["plain", "mask", "extra", "extra+mask"])
 def test_kernel_matches_ref(B: int, H: int, G: int, S: int, D: int, variant: str, gen: torch.Generator) -> None:
     q, k, v = _inputs(B, H, G, S, D, gen, cap=5)
-    extra = "extra" in variant
-    ek = torch.randn(B, G, D, generator=gen) if extra else None
-    ev = torch.randn(B, G, D, generator=gen) if extra else None
-    mask = None
-    if "mask" in variant:
-        mask = torch.rand(B, S + int(extra), generator=gen) > 0.4
-        mask[:, -1] = True  # no row entirely masked
+    ek, ev, mask = _extras(B, G, S, D, variant, gen)
     ref = attend_one(q, k, v, mask, ek, ev, impl="ref")
     torch.testing.assert_close(attend_one(q, k, v, mask, ek, ev, impl="cpp"), ref, **_tol(ref))
 
@@ -82,13 +88,7 @@ def test_shared_slots_come_from_the_leader(leaders: list[int], lo: int, hi: int,
         if leaders[b] != b:  # garbage where the leader's slots stand in
             k[b, :, lo:hi] = 1e3
             v[b, :, lo:hi] = -1e3
-    extra = "extra" in variant
-    ek = torch.randn(B, G, D, generator=gen) if extra else None
-    ev = torch.randn(B, G, D, generator=gen) if extra else None
-    mask = None
-    if "mask" in variant:
-        mask = torch.rand(B, S + int(extra), generator=gen) > 0.3
-        mask[:, -1] = True
+    ek, ev, mask = _extras(B, G, S, D, variant, gen)
     share = (leader, lo, hi)
     ref = attend_one(q, k, v, mask, ek, ev, share, impl="ref")
     before = torch.get_num_threads()
@@ -152,11 +152,8 @@ def test_bad_inputs_raise(gen: torch.Generator) -> None:
         attend_one(q, k, v, impl="triton")  # type: ignore[arg-type]
 
 
-def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
-    isa = _cpp.build_isa()
-    monkeypatch.setitem(_cpp._MODULES, isa, None)
-    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
-    monkeypatch.setattr(_cpp, "_WARNED", set())
+@pytest.mark.usefixtures("cpp_unbuilt")
+def test_auto_falls_back_with_one_warning(gen: torch.Generator) -> None:
     q, k, v = _inputs(2, 4, 1, 5, 8, gen)
     with pytest.warns(RuntimeWarning, match="no compiler"):
         got = attend_one(q, k, v)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import _cpp, q8_gemm
+from kernels import q8_gemm
 from kernels.q8_gemm import (
     live_columns,
     q8_linear,
@@ -173,12 +173,9 @@ def test_bad_inputs_raise(gen: torch.Generator) -> None:
             q8_gemm.build_isa()
 
 
-def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
+@pytest.mark.usefixtures("cpp_unbuilt")
+def test_auto_falls_back_with_one_warning(gen: torch.Generator) -> None:
     """Where the kernel cannot be built (no compiler), "auto" runs the reference and warns once."""
-    isa = _cpp.build_isa()
-    monkeypatch.setitem(_cpp._MODULES, isa, None)
-    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
-    monkeypatch.setattr(_cpp, "_WARNED", set())
     x, w = _inputs(2, 64, 3, gen)
     wq, ws = quantize_weight(w)
     with pytest.warns(RuntimeWarning, match="no compiler"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import _cpp
 from kernels import rmsnorm_cpu as rn
 from kernels.rmsnorm import rms_norm_ref
 from kernels.rmsnorm_cpu import rms_norm_fused, rms_norm_fused_ref
@@ -59,11 +58,8 @@ def test_bad_inputs_raise(gen: torch.Generator) -> None:
         rms_norm_fused(x, impl="triton")  # type: ignore[arg-type]
 
 
-def test_auto_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
-    isa = _cpp.build_isa()
-    monkeypatch.setitem(_cpp._MODULES, isa, None)
-    monkeypatch.setitem(_cpp._ERRORS, isa, "RuntimeError: no compiler (simulated)")
-    monkeypatch.setattr(_cpp, "_WARNED", set())
+@pytest.mark.usefixtures("cpp_unbuilt")
+def test_auto_falls_back_with_one_warning(gen: torch.Generator) -> None:
     x = torch.randn(2, 8, generator=gen)
     with pytest.warns(RuntimeWarning, match="no compiler"):
         got = rms_norm_fused(x)
