@@ -37,7 +37,11 @@ inline __m512 tanh512(__m512 x) {
   const __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
   const __m512 e = _mm512_min_ps(exp512(_mm512_add_ps(ax, ax)), _mm512_set1_ps(1e30f));
   const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 big = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, one)));
+  // 2 / (e + 1) by the 14-bit reciprocal estimate and one Newton step (~23 bits; e + 1 >= 1, so no zero).
+  const __m512 d = _mm512_add_ps(e, one);
+  const __m512 r0 = _mm512_rcp14_ps(d);
+  const __m512 r = _mm512_mul_ps(r0, _mm512_fnmadd_ps(d, r0, _mm512_set1_ps(2.f)));
+  const __m512 big = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), r, one);
   const __m512 signed_big =
       _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), _mm512_and_si512(sign, _mm512_castps_si512(x))));
   const __m512 z = _mm512_mul_ps(x, x);
