@@ -29,16 +29,9 @@ constexpr float kGeluA = 0.044715f;
 
 #if defined(__AVX512F__)
 using dcanvas_cpu::exp512;
+using dcanvas_cpu::recip;
 using dcanvas_cpu::tail_mask;
 using dcanvas_cpu::tanh512;
-
-// 1 / d for d >= 1: the 14-bit estimate and one Newton step (~23 bits), where a division would cost more than the
-// rest of the element's work. d is capped at 1e30 first (1 / inf would give 0 * inf = NaN in the Newton step).
-inline __m512 recip(__m512 d) {
-  d = _mm512_min_ps(d, _mm512_set1_ps(1e30f));
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
 #endif
 
 inline float gelu_tanh(float x) {

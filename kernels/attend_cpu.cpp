@@ -42,9 +42,7 @@ constexpr int RMAX = 8;  // query heads a KV head serves, at most (Gemma-3-270M:
 #if ATT_AVX512
 using dcanvas_cpu::exp512;
 using dcanvas_cpu::tail_mask;
-#endif
 
-#if ATT_AVX512
 // [sum(v0), ..., sum(v7)] of eight 8-lane vectors.
 inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6, __m256 v7) {
   const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));  // per 128-bit half: v0..v3
@@ -136,7 +134,8 @@ inline void weigh_block(const float* p, int64_t ld, int64_t nq, float* const* ou
         _mm512_mask_storeu_ps(o + d, m, acc);
       }
 #else
-      for (int64_t d = 0; d < D; ++d) o[d] += w[0] * vptr[0][d] + w[1] * vptr[1][d] + w[2] * vptr[2][d] + w[3] * vptr[3][d];
+      for (int64_t d = 0; d < D; ++d)
+        o[d] += w[0] * vptr[0][d] + w[1] * vptr[1][d] + w[2] * vptr[2][d] + w[3] * vptr[3][d];
 #endif
     }
   }
@@ -296,40 +295,34 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, cons
       const int64_t e = std::min(c1, S);
       const int64_t s_lo = std::clamp(lo, c0, std::max(c0, e)), s_hi = std::clamp(hi, s_lo, std::max(s_lo, e));
       const int64_t lb = lead[rows[0]];
-      auto own_runs = [&](auto&& run) {  // run(row j, first slot, slots)
+      // run(first query head, query heads, the run's first key, its first value, first slot, slots) for each run, in
+      // the same order for the scores and the weighted values (rows kss / vss apart; the extra key is a run of one).
+      auto runs = [&](auto&& run) {
         for (int64_t j = 0; j < n; ++j) {
-          if (s_lo > c0) run(j, c0, s_lo - c0);
-          if (e > s_hi) run(j, s_hi, e - s_hi);
+          const int64_t b = rows[j];
+          if (s_lo > c0)
+            run(j * R, R, kp + b * ksb + g * ksg + c0 * kss, vp + b * vsb + g * vsg + c0 * vss, c0, s_lo - c0);
+          if (e > s_hi)
+            run(j * R, R, kp + b * ksb + g * ksg + s_hi * kss, vp + b * vsb + g * vsg + s_hi * vss, s_hi, e - s_hi);
         }
+        if (s_hi > s_lo)
+          run(0, Q, kp + lb * ksb + g * ksg + s_lo * kss, vp + lb * vsb + g * vsg + s_lo * vss, s_lo, s_hi - s_lo);
+        if (X && c1 > S)
+          for (int64_t j = 0; j < n; ++j)
+            run(j * R, R, ekp + (rows[j] * G + g) * D, evp + (rows[j] * G + g) * D, S, 1);
       };
-      own_runs([&](int64_t j, int64_t s0, int64_t ns) {
-        score_block(qs.data() + j * R, R, kp + rows[j] * ksb + g * ksg + s0 * kss, kss, ns, D,
-                    p.data() + j * R * L + (s0 - c0), L);
+      runs([&](int64_t q0, int64_t nq, const float* kb, const float*, int64_t s0, int64_t ns) {
+        score_block(qs.data() + q0, nq, kb, kss, ns, D, p.data() + q0 * L + (s0 - c0), L);
       });
-      if (s_hi > s_lo)
-        score_block(qs.data(), Q, kp + lb * ksb + g * ksg + s_lo * kss, kss, s_hi - s_lo, D, p.data() + (s_lo - c0),
-                    L);
-      if (X && c1 > S)
-        for (int64_t j = 0; j < n; ++j)
-          score_block(qs.data() + j * R, R, ekp + (rows[j] * G + g) * D, 0, 1, D, p.data() + j * R * L + (S - c0), L);
       // Softmax numerators per (row, head) over the chunk, under each row's mask.
       std::vector<float> m(static_cast<size_t>(Q)), l(static_cast<size_t>(Q));
       for (int64_t j = 0; j < n; ++j) {
         const bool* valid = mp == nullptr ? nullptr : mp + rows[j] * T + c0;
         for (int r = 0; r < R; ++r) l[j * R + r] = softmax_num(p.data() + (j * R + r) * L, valid, L, &m[j * R + r]);
       }
-      // Weighted values, by the same runs.
-      own_runs([&](int64_t j, int64_t s0, int64_t ns) {
-        weigh_block(p.data() + j * R * L + (s0 - c0), L, R, os.data() + j * R, vp + rows[j] * vsb + g * vsg + s0 * vss,
-                    vss, ns, D, zeros.data());
+      runs([&](int64_t q0, int64_t nq, const float*, const float* vb, int64_t s0, int64_t ns) {
+        weigh_block(p.data() + q0 * L + (s0 - c0), L, nq, os.data() + q0, vb, vss, ns, D, zeros.data());
       });
-      if (s_hi > s_lo)
-        weigh_block(p.data() + (s_lo - c0), L, Q, os.data(), vp + lb * vsb + g * vsg + s_lo * vss, vss, s_hi - s_lo, D,
-                    zeros.data());
-      if (X && c1 > S)
-        for (int64_t j = 0; j < n; ++j)
-          weigh_block(p.data() + j * R * L + (S - c0), L, R, os.data() + j * R, evp + (rows[j] * G + g) * D, 0, 1, D,
-                      zeros.data());
       for (int64_t j = 0; j < n; ++j)
         for (int r = 0; r < R; ++r) {
           const int64_t bh = rows[j] * H + g * R + r;

@@ -1,5 +1,5 @@
-// Vector math shared by the CPU kernels (attend_cpu.cpp, act_cpu.cpp): exp and tanh on 16 fp32 lanes, and the lane
-// mask of a vector's tail. Header-only; each kernel includes it under its own AVX-512 guard.
+// Vector math shared by the CPU kernels (attend_cpu.cpp, act_cpu.cpp): exp, tanh and a refined reciprocal on 16
+// fp32 lanes, and the lane mask of a vector's tail. Header-only; each kernel includes it under its own AVX-512 guard.
 
 #pragma once
 
@@ -29,19 +29,23 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 1 / d for d >= 1: the 14-bit estimate and one Newton step (~23 bits), where a division would cost more than the
+// rest of an element's work. d is capped at 1e30 first (1 / inf would give 0 * inf = NaN in the Newton step).
+inline __m512 recip(__m512 d) {
+  d = _mm512_min_ps(d, _mm512_set1_ps(1e30f));
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+
 // tanh(x) lane by lane, to a few ulp relative everywhere: Cephes' tanhf, an odd polynomial below |x| = 0.625 (where
 // 1 - 2 / (exp(2x) + 1) would cancel: its absolute error ~1e-7 is all of a small result), that formula above
-// (saturating to +-1; exp's overflow is capped first, as 1 / inf would not be needed but inf / inf would).
+// (saturating to +-1).
 inline __m512 tanh512(__m512 x) {
   const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
   const __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
-  const __m512 e = _mm512_min_ps(exp512(_mm512_add_ps(ax, ax)), _mm512_set1_ps(1e30f));
   const __m512 one = _mm512_set1_ps(1.f);
-  // 2 / (e + 1) by the 14-bit reciprocal estimate and one Newton step (~23 bits; e + 1 >= 1, so no zero).
-  const __m512 d = _mm512_add_ps(e, one);
-  const __m512 r0 = _mm512_rcp14_ps(d);
-  const __m512 r = _mm512_mul_ps(r0, _mm512_fnmadd_ps(d, r0, _mm512_set1_ps(2.f)));
-  const __m512 big = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), r, one);
+  const __m512 e = exp512(_mm512_add_ps(ax, ax));
+  const __m512 big = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), recip(_mm512_add_ps(e, one)), one);  // 1 - 2 / (e + 1)
   const __m512 signed_big =
       _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), _mm512_and_si512(sign, _mm512_castps_si512(x))));
   const __m512 z = _mm512_mul_ps(x, x);

@@ -104,13 +104,11 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
         infills[str(gap)] = {k: statistics.median(v) for k, v in walls.items()}
     out = {
         "model": name, "dtype": str(model.dtype).removeprefix("torch."), "prompt_tokens": args.prompt,
-        "drafts": args.drafts, "step_single_ms": single * 1e3,
-        "step_batch_ms": multi * 1e3,
+        "drafts": args.drafts, "step_single_ms": single * 1e3, "step_batch_ms": multi * 1e3,
         "step_ratio": multi / single, "infill_s": infills, "seam_tokens": seam.ar_seam_tokens,
         "runs": args.runs, "machine": machine(),
     }
-    lanes = f"{args.drafts} lanes"
-    rows = [(f"one AR step: 1 lane / {lanes} (goal <= 1.5x)",
+    rows = [(f"one AR step: 1 lane / {args.drafts} lanes (goal <= 1.5x)",
              f"{single * 1e3:.1f} / {multi * 1e3:.1f} ms = {multi / single:.2f}x")]
     for gap, w in infills.items():
         rows.append((f"{gap}-token infill: plain fill / {args.drafts} drafts + seam ({seam.ar_seam_tokens} tokens)",

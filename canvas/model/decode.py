@@ -100,8 +100,7 @@ def _gelu_mul(gate_up: Tensor) -> Tensor:
         fn = _gelu_mul_kernel()
         if fn is not None:
             return fn(gate_up.contiguous())
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
+    return act_cpu.gelu_mul_ref(gate_up)
 
 
 def _mm(x: Tensor, lin: Lin) -> Tensor:
