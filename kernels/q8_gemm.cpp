@@ -1,28 +1,35 @@
-// Q8 GEMM for the CPU: out (M, N) fp32 = x (M, K) fp32 @ w (N, K)^T, w int8 per output channel, x quantised here
-// to int8 per block of 32 along K (Q8_0-like: an outlier only coarsens its own block).
+// Q8 GEMM for the CPU: out (M, N) fp32 = x (M, K) fp32 @ w (N, K)^T, w int8 per block of 32 along K with a bf16
+// scale per (block, channel) (llama.cpp's Q8_0 for the weights), x quantised here to int8 per block of 32 along K
+// (an outlier only coarsens its own block, in either operand).
 //
 // Owned by kernels/q8_gemm.py (the torch reference, the validating launcher and the build). Contract, checked there
 // and again here: x (M, K) fp32 contiguous; wq (G, Kp / 4, 64) uint8 contiguous, the weights packed in groups of 16
 // output channels: byte [g][k4][4 c + j] = w[16 g + c][4 k4 + j] + 128 (w in [-127, 127]), Kp = K rounded up to a
 // multiple of 32, G = N rounded up to 16, over 16; the padding (columns past K, channels past N) is 128 (w = 0);
-// wscale (N,) fp32; kmask, optional, (K,) fp32 of 0 and 1: x is multiplied by it before quantisation (0 on the
-// columns whose quantised weights are all zero: an activation there contributes nothing, so it must not set its
-// block's scale). x is read as zero-padded to Kp (the last block of 32 quantised over its real elements).
+// wscale (Kp / 32, N) bf16 contiguous, the scale of each (block, channel), block-major so a group's 16 scales of
+// one block are adjacent; kmask, optional, (K,) fp32 of 0 and 1: x is multiplied by it before quantisation (0 on
+// the columns whose weights are negligible in every row: an activation there contributes nothing, so it must not
+// set its block's scale). x is read as zero-padded to Kp (the last block of 32 quantised over its real elements).
 //
 // Why this layout (oneDNN's and llama.cpp's VNNI layout): one `vpdpbusd` multiplies 4 bytes of one activation row,
 // broadcast, by 4 bytes of K for 16 output channels, so an int32 register holds 16 channels' partial dot products.
-// A block of 32 along K is 8 of them, then one convert and one fused multiply-add by the block's scale: 10 uops per
-// 512 MACs, no horizontal reduction, and each register of weights serves MT activation rows. (The earlier layout,
-// weight rows along K, needed a convert + FMA per 64 MACs and a horizontal sum per (row, channel) pair: compute-bound
-// at 3x below VNNI's rate from 8 rows up.)
+// A block of 32 along K is 8 of them, then one convert and one fused multiply-add by the block's two scales
+// (activation row x weight channels): 11 uops per 512 MACs, no horizontal reduction, and each register of weights
+// serves MT activation rows. (The earlier layout, weight rows along K, needed a convert + FMA per 64 MACs and a
+// horizontal sum per (row, channel) pair: compute-bound at 3x below VNNI's rate from 8 rows up.)
+//
+// Why a weight scale per block and not per channel: one scale a row of 640-2048 weights is set by its largest, and
+// the converted Gemma's rows mix blocks of very different size; per-channel int8 cost the default build's probe NLL
+// 1.0034-1.0065x fp32 by kind (over the 1.005x gate on news and code), per block 1.0004-1.0039x (BENCHMARKS.md,
+// issue 31). The scales are bf16 rounded up (so no weight is clamped): 1/16 more bytes than the int8 weights.
 //
 // Why the weights carry the +128 offset and not the activations: `vpdpbusd` multiplies unsigned bytes by signed
 // bytes. With u = w + 128, sum_k u*x = sum_k w*x + 128 * sum_k x, and the correction depends on the activations
 // alone: each block's int32 accumulators start from -128 * the sum of the row's quantised block (`bias`), so after
 // the 8 dot products they hold sum w*x exactly. (The AVX2 and scalar paths subtract 128 from the weights instead.)
 //
-// Numerics: exact int32 dot products per block of 32, fp32 accumulation of the scaled block results in block order
-// (then one multiply by the channel scale). The AVX2 path keeps two partial sums a channel until the end, and the
+// Numerics: exact int32 dot products per block of 32, fp32 accumulation of the block results times the product of
+// the block's two scales, in block order. The AVX2 path keeps two partial sums a channel until the end, and the
 // torch reference is a float GEMM of the dequantised operands: they agree to fp32 rounding, not bit for bit.
 //
 // Memory: no heap allocation per call beyond the output (the quantised activations live in thread-local buffers
@@ -132,13 +139,13 @@ void quantize_rows(const float* x, const float* km, int64_t M, int64_t K, int64_
   }
 }
 
-// Everything a tile needs: the packed weights, the quantised activations, the channel scales and the output.
+// Everything a tile needs: the packed weights, the quantised activations, the weights' block scales and the output.
 struct Args {
   const uint8_t* w;
   const int8_t* xq;
   const float* xd;
   const int32_t* xb;
-  const float* ws;
+  const uint16_t* ws;  // (nb, N) bf16 bits
   float* out;
   int64_t M, N, Kp, nb;
 };
@@ -149,6 +156,12 @@ template <int MT, int NT>
 inline void tile(const Args& a, int64_t m, int64_t g) {
   const int64_t gstride = (a.Kp / 4) * GB;  // bytes of one packed group
   const uint8_t* w = a.w + g * gstride;
+  __mmask16 live[NT];  // the group's real channels (the last group of an N that is not a multiple of 16 has fewer)
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    const int64_t n = std::min<int64_t>(GN, a.N - (g + t) * GN);
+    live[t] = n >= GN ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  }
   __m512 acc[MT][NT];
 #pragma GCC unroll 8
   for (int i = 0; i < MT; ++i)
@@ -178,21 +191,25 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
         for (int t = 0; t < NT; ++t) dot[i][t] = _mm512_dpbusd_epi32(dot[i][t], wv[t], xv);
       }
     }
+    __m512 sc[NT];  // the block's weight scales, 16 channels a group: bf16 -> fp32 is a 16-bit shift
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      const __m256i bits = _mm256_maskz_loadu_epi16(live[t], a.ws + b * a.N + (g + t) * GN);
+      sc[t] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) {
       const __m512 dv = _mm512_set1_ps(a.xd[(m + i) * a.nb + b]);
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][t]), dv, acc[i][t]);
+      for (int t = 0; t < NT; ++t)
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][t]), _mm512_mul_ps(dv, sc[t]), acc[i][t]);
     }
   }
 #pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
     const int64_t n = (g + t) * GN;
-    const int64_t live = std::min<int64_t>(GN, a.N - n);
-    const __mmask16 mask = live >= GN ? 0xFFFF : static_cast<__mmask16>((1u << live) - 1);
-    const __m512 sc = _mm512_maskz_loadu_ps(mask, a.ws + n);
 #pragma GCC unroll 8
-    for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(a.out + (m + i) * a.N + n, mask, _mm512_mul_ps(acc[i][t], sc));
+    for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(a.out + (m + i) * a.N + n, live[t], acc[i][t]);
   }
 }
 #elif Q8_AVX2
@@ -205,6 +222,9 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
   const uint8_t* w = a.w + g * (a.Kp / 4) * GB;
   const int8_t* xq = a.xq + m * a.Kp;
   const __m256i off = _mm256_set1_epi16(128);
+  const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const int64_t live = std::min<int64_t>(GN, a.N - g * GN);
+  alignas(16) uint16_t tail[GN];
   __m256 acc[4];
   for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
@@ -224,7 +244,20 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
       }
     }
     const __m256 dv = _mm256_set1_ps(a.xd[m * a.nb + b]);
-    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), dv, acc[j]);
+    const uint16_t* wsb = a.ws + b * a.N + g * GN;  // the block's 16 channel scales (bf16)
+    if (live < GN) {  // the last group of an N that is not a multiple of 16: never read past the row
+      std::memset(tail, 0, sizeof(tail));
+      std::memcpy(tail, wsb, live * sizeof(uint16_t));
+      wsb = tail;
+    }
+    for (int j = 0; j < 4; ++j) {
+      // channels 4j..4j+3's scales, each twice (the two partial sums a channel): bf16 bits into the high half of
+      // each 32-bit lane is the fp32 value; then lanes s0 s0 s1 s1 s2 s2 s3 s3
+      const __m128i bits = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wsb + 4 * j));
+      const __m256i f = _mm256_castsi128_si256(_mm_unpacklo_epi16(_mm_setzero_si128(), bits));
+      const __m256 sj = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(f, dup));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(dv, sj), acc[j]);
+    }
   }
   // acc[j] lanes: (c 4j, first half), (4j, second), (4j + 1, first), ...: add the pairs, channels in order.
   float r[GN];
@@ -233,7 +266,7 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
     _mm256_storeu_ps(r + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xD8)));
   }
   const int64_t n = g * GN;
-  for (int64_t c = 0; c < GN && n + c < a.N; ++c) a.out[m * a.N + n + c] = r[c] * a.ws[n + c];
+  for (int64_t c = 0; c < GN && n + c < a.N; ++c) a.out[m * a.N + n + c] = r[c];
 }
 #else
 // Portable fallback: the same arithmetic, scalar.
@@ -248,9 +281,12 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
       int32_t s = 0;
       for (int64_t k = b * QK; k < (b + 1) * QK; ++k)
         s += (static_cast<int32_t>(w[(k / 4) * GB + 4 * c + k % 4]) - 128) * static_cast<int32_t>(xq[k]);
-      acc += static_cast<float>(s) * a.xd[m * a.nb + b];
+      const uint32_t bits = static_cast<uint32_t>(a.ws[b * a.N + g * GN + c]) << 16;
+      float sw;
+      std::memcpy(&sw, &bits, 4);
+      acc += static_cast<float>(s) * (a.xd[m * a.nb + b] * sw);
     }
-    a.out[m * a.N + g * GN + c] = acc * a.ws[g * GN + c];
+    a.out[m * a.N + g * GN + c] = acc;
   }
 }
 #endif
@@ -311,10 +347,11 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
               "q8_gemm: x must be a contiguous 2-D fp32 CPU tensor");
   TORCH_CHECK(wq.dim() == 3 && wq.size(2) == GB && wq.scalar_type() == torch::kUInt8 && wq.is_contiguous() &&
                   wq.device().is_cpu(), "q8_gemm: wq must be a contiguous (G, Kp / 4, 64) uint8 CPU tensor");
-  TORCH_CHECK(wscale.dim() == 1 && wscale.scalar_type() == torch::kFloat32 && wscale.is_contiguous(),
-              "q8_gemm: wscale must be a contiguous fp32 (N,) tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = wscale.size(0), G = wq.size(0), Kp = wq.size(1) * 4;
+  TORCH_CHECK(wscale.dim() == 2 && wscale.scalar_type() == torch::kBFloat16 && wscale.is_contiguous() &&
+                  wscale.device().is_cpu(), "q8_gemm: wscale must be a contiguous bf16 (Kp / 32, N) CPU tensor");
+  const int64_t M = x.size(0), K = x.size(1), N = wscale.size(1), G = wq.size(0), Kp = wq.size(1) * 4;
   TORCH_CHECK(Kp % QK == 0 && Kp >= K && Kp - K < QK, "q8_gemm: wq's K width must be K rounded up to 32");
+  TORCH_CHECK(wscale.size(0) == Kp / QK, "q8_gemm: wscale must hold one row of scales per block of 32 along K");
   TORCH_CHECK(G == (N + GN - 1) / GN, "q8_gemm: wq must hold N rounded up to 16 channels");
   if (kmask.has_value())
     TORCH_CHECK(kmask->dim() == 1 && kmask->size(0) == K && kmask->scalar_type() == torch::kFloat32 &&
@@ -324,8 +361,9 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
 
   QuantX& qx = scratch();
   quantize_rows(x.data_ptr<float>(), kmask.has_value() ? kmask->data_ptr<float>() : nullptr, M, K, Kp, qx);
-  const Args a{wq.data_ptr<uint8_t>(), qx.q.data(), qx.d.data(), qx.bias.data(), wscale.data_ptr<float>(),
-               out.data_ptr<float>(), M, N, Kp, Kp / QK};
+  const Args a{wq.data_ptr<uint8_t>(), qx.q.data(), qx.d.data(), qx.bias.data(),
+               reinterpret_cast<const uint16_t*>(wscale.data_ptr<at::BFloat16>()), out.data_ptr<float>(), M, N, Kp,
+               Kp / QK};
 #if Q8_AVX512_VNNI
   if (M >= 4) {
     run<4, 3>(a, G);

@@ -1,9 +1,10 @@
 """Int8 matmuls for the encoder's decode steps: the few-row passes of AR decoding read 4x fewer weight bytes.
 
-Owns `Int8Linear` (one weight, quantised once per output channel), `int8_weight_mm` (its "weight" matmul as
-plain aten ops, for the compiled decode step), `quantize_decode` (attaches them to a model's dense projections and
-its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8` setting), `scheme_for` (what a served model gets: "auto",
-the default, is "q8" for fp32 models of `AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
+Owns `Int8Linear` (one weight, quantised once: per output channel, or per block of 32 of a channel under "q8"),
+`int8_weight_mm` (its "weight" matmul as plain aten ops, for the compiled decode step), `quantize_decode`
+(attaches them to a model's dense projections and its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8`
+setting), `scheme_for` (what a served model gets: "auto", the default, is "q8" for fp32 models of
+`AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
 `decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark), `DECODE_ROWS` and `ROW_LIMITS`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
@@ -14,15 +15,15 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
 - "weight": weight-only int8 (`aten._weight_int8pack_mm`) with bf16 activations, every projection. The kernel needs
   the reduced dimension to be a multiple of 16 (torch 2.13 returns garbage or crashes otherwise), so such weights are
   stored zero-padded and their inputs padded to match. The closer of the two to fp32.
-- "q8" (what "auto" picks where the kernel builds): `kernels.q8_gemm`, int8 weights per output channel, activations
-  quantised at run time to int8 per block of 32 along K (llama.cpp's Q8_0 for activations: an outlier coarsens only
-  its block; the attention output's weight columns that quantise to zero are masked out first, see
-  `quantize_decode`), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection and the
-  head; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight (it reads
+- "q8" (what "auto" picks where the kernel builds): `kernels.q8_gemm`, llama.cpp's Q8_0 on both sides: int8
+  weights with a bf16 scale per block of 32 of a channel, activations quantised at run time to int8 per block of 32
+  along K (an outlier coarsens only its block; the attention output's negligible weight columns are masked out
+  first, see `quantize_decode`), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection and
+  the head; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight (it reads
   each weight tile once for all rows), and faster than fp32 at prefill's hundreds of rows, so it serves prefill
-  too (`ROW_LIMITS`). Probe NLL per character against fp32, by kind: 1.0006-1.0048x on the 96k build without the
-  FIM adapters, 1.0034-1.0062x on the default build with them, whose news and code rows are over the 1.005x gate
-  (BENCHMARKS.md, issue 31: open).
+  too (`ROW_LIMITS`). Probe NLL per character against fp32 on the default build, by kind: 1.0004-1.0039x, under
+  the 1.005x gate (one weight scale per channel was 1.0034-1.0065x, over it on news and code; BENCHMARKS.md,
+  issue 31).
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
   and far more at eight. The attention output keeps weight-only int8: its outliers make one scale per tensor
@@ -85,8 +86,8 @@ class Int8Linear:
         self._packed: Any = None
         self._kmask: Tensor | None = None
         if scheme == "q8":
-            self._q, self._scale = q8_gemm.quantize_weight(w)  # (G, Kp / 4, 64) uint8 (q + 128), (N,) fp32
-            self._kmask = q8_gemm.live_columns(w)  # (K,) or None: dead columns' activations kept out of q8
+            self._q, self._scale = q8_gemm.quantize_weight(w)  # (G, Kp / 4, 64) uint8 (q + 128), (Kp / 32, N) bf16
+            self._kmask = q8_gemm.live_columns(w)  # (K,) or None: negligible columns' activations kept out of q8
             self._pad = 0
         elif scheme == "dynamic":
             with warnings.catch_warnings():  # quantised tensors are deprecated as a user API; fbgemm's op is not
@@ -113,8 +114,8 @@ class Int8Linear:
 
     def weight_tensors(self) -> tuple[Tensor, Tensor, int, Tensor | None] | None:
         """(int8 weight (N, K + pad), bf16 scales (N,), pad, None) of the "weight" scheme, for `int8_weight_mm`;
-        under "q8" (packed uint8 weight, fp32 scales (N,), 0, live-column mask or None), for `q8_mm` (the weight's
-        dtype tells them apart); None under "dynamic" (its packed weight is an opaque object)."""
+        under "q8" (packed uint8 weight, bf16 block scales (Kp / 32, N), 0, live-column mask or None), for `q8_mm`
+        (the weight's dtype tells them apart); None under "dynamic" (its packed weight is an opaque object)."""
         return None if self.scheme == "dynamic" else (self._q, self._scale, self._pad, self._kmask)
 
 
@@ -171,8 +172,9 @@ def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | Non
     if raw in ("", "auto"):
         if sum(p.numel() for p in model.parameters()) < AUTO_MIN_PARAMS:
             return None
-        # q8 where its kernel builds (faster, and within the probe bound: NLL/char 1.0003-1.0048x fp32 by kind;
-        # BENCHMARKS.md, issue 31); its torch reference would be far slower than "weight" where it does not.
+        # q8 where its kernel builds (faster, and within the probe bound: NLL/char 1.0004-1.0039x fp32 by kind on
+        # the default build; BENCHMARKS.md, issue 31); its torch reference would be far slower than "weight" where
+        # it does not.
         return "q8" if q8_gemm.available() else "weight"
     return decode_scheme(raw)
 
@@ -188,7 +190,7 @@ def quantize_decode(model: DiffusionModel, scheme: Scheme | None) -> DiffusionMo
         for layer in model.blocks:
             layer.attn.qkv_int8 = None if scheme is None else Int8Linear(layer.attn.qkv, scheme)
             # The attention output: q8 keeps the converted Gemma's value-anchor dims (large activations under
-            # weight columns that quantise to zero) out of its blocks' scales (`live_columns`), which without it
+            # negligible weight columns) out of its blocks' scales (`live_columns`), which without it
             # cost the probe bound (news NLL/char 1.099x fp32); with it the probe NLL is within 0.0005x of
             # weight-only int8's here on every kind, lower on news and code (BENCHMARKS.md, issue 31). "dynamic"
             # keeps it weight-only: those outliers defeat fbgemm's per-tensor activation scale.

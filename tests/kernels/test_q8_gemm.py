@@ -33,9 +33,9 @@ def _inputs(M: int, K: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor,
 
 
 def _oracle(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Tensor:
-    """Loop oracle: integer dot products block by block, in float64."""
+    """Loop oracle: integer dot products block by block, times both blocks' scales, in float64."""
     M, K = x.shape
-    N = wscale.shape[0]
+    N = wscale.shape[1]
     wm = unpack_weight(wq, N)  # (N, Kp)
     out = torch.zeros(M, N, dtype=torch.float64)
     for m in range(M):
@@ -44,8 +44,8 @@ def _oracle(x: torch.Tensor, wq: torch.Tensor, wscale: torch.Tensor) -> torch.Te
             d = float(blk.abs().max()) / 127
             q = torch.round(blk / d).long() if d > 0 else torch.zeros(len(blk), dtype=torch.long)
             w = wm[:, b * 32 : b * 32 + len(blk)].long() - 128  # (N, <= 32)
-            out[m] += (w @ q).double() * d
-    return (out * wscale.double()).float()
+            out[m] += (w @ q).double() * d * wscale[b].double()
+    return out.float()
 
 
 def _tol(ref: torch.Tensor) -> dict[str, float]:
@@ -77,16 +77,24 @@ def test_quantisation_is_per_block(gen: torch.Generator) -> None:
 def test_weight_layout(gen: torch.Generator) -> None:
     w = torch.randn(5, 90, generator=gen)
     w[2] = 0
+    w[4, 32:64] *= 1e-3  # a block far smaller than its row: it gets its own scale
     wq, ws = quantize_weight(w)
     assert wq.shape == (1, 24, 64) and wq.dtype == torch.uint8  # one group of 16 channels, K 90 -> 96, 4 a step
-    # byte [g, k4, 4c + j] is channel 16g + c, K 4k4 + j
-    assert wq[0, 1, 4 * 3 + 2] == torch.round(w[3, 6] / ws[3]) + 128
+    assert ws.shape == (3, 5) and ws.dtype == torch.bfloat16  # a scale per (block of 32, channel)
+    # byte [g, k4, 4c + j] is channel 16g + c, K 4k4 + j (block 0)
+    assert wq[0, 1, 4 * 3 + 2] == torch.round(w[3, 6] / ws[0, 3].float()) + 128
     assert (wq.view(24, 16, 4)[:, 5:] == 128).all()  # padding channels are q = 0
     wm = unpack_weight(wq, 5)
     assert wm.shape == (5, 96)
-    assert ws[2] == 1.0 and (wm[2] == 128).all()
-    deq = (wm.float() - 128) * ws[:, None]
-    assert (deq[:, :90] - w).abs().max() <= ws.max() / 2 + 1e-6
+    assert (ws[:, 2] == 1.0).all() and (wm[2] == 128).all()
+    s = ws.t().float().repeat_interleave(32, dim=1)[:, :90]  # (5, 90)
+    amax = torch.nn.functional.pad(w, (0, 6)).view(5, 3, 32).abs().amax(-1)  # (5, 3)
+    live = amax > 0
+    assert (ws.t().float()[live] >= amax[live] / 127).all()  # rounded up: no weight clamps
+    assert (ws.t().float()[live] <= amax[live] / 127 * (1 + 2**-7)).all()  # by at most one bf16 step
+    deq = (wm[:, :90].float() - 128) * s
+    assert ((deq - w).abs() <= s / 2 + 1e-12).all()
+    assert (deq[4, 32:64] - w[4, 32:64]).abs().max() < 1e-3 * float(w[4].abs().max()) / 200
     assert (wm[:, 90:] == 128).all()  # padding columns are q = 0
 
 
@@ -116,7 +124,7 @@ def test_live_columns_keep_anchor_dims_out_of_the_scales(gen: torch.Generator) -
     M, K, N = 4, 1032, 40
     x, w = torch.randn(M, K, generator=gen) * 3, torch.randn(N, K, generator=gen) * 0.05
     dead = torch.tensor([3, 258 + 3, 516 + 40, 1031])
-    w[:, dead] = 0
+    w[:, dead] = torch.randn(N, 4, generator=gen) * 1e-6  # negligible, not zero (as the converted Gemma's)
     x[:, dead] = 5000.0
     kmask = live_columns(w)
     assert kmask is not None and kmask.shape == (K,) and int(kmask.sum()) == K - 4 and (kmask[dead] == 0).all()
@@ -127,6 +135,7 @@ def test_live_columns_keep_anchor_dims_out_of_the_scales(gen: torch.Generator) -
     x0 = x.clone()
     x0[:, dead] = 0
     torch.testing.assert_close(masked, q8_linear_ref(x0, wq, ws))
+    assert float((masked - x0 @ w.t()).abs().max()) < 0.05 * float(exact.abs().max())
     err_masked = float((masked - exact).abs().max())
     assert err_masked < float((q8_linear_ref(x, wq, ws) - exact).abs().max()) / 10  # unmasked: 4 blocks ruined (~40x)
     if q8_gemm.available():

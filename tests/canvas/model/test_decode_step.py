@@ -139,9 +139,16 @@ def test_int8_weights_serve_decode_steps_only(model: DiffusionModel, scheme: Sch
     assert pre is not None and pre_q is not None
     assert torch.equal(model.denoise(canvas, cache), denoised)
     if scheme == "q8":
-        # Random tiny weights: close in direction (the real model's bound is the probe check's).
+        # Random tiny weights: close in direction (the real model's bound is the probe check's). A random model
+        # amplifies rounding chaotically (one 20-token prefix's logits: cosine 0.91-0.995 over seeds), so the
+        # direction is judged over 8 prefixes at once.
         assert not torch.equal(pre, pre_q)
-        assert float(F.cosine_similarity(pre.flatten(), pre_q.flatten(), dim=0)) > 0.95
+        batch = torch.randint(3, V, (8, DECODE_ROWS + 4), generator=g)
+        many_q = model.encode(batch, logits="all")[0]
+        model.int8_rows = 0  # every pass in fp32
+        many = model.encode(batch, logits="all")[0]
+        assert many is not None and many_q is not None
+        assert float(F.cosine_similarity(many.flatten(), many_q.flatten(), dim=0)) > 0.95
         model.int8_rows = DECODE_ROWS  # below: the steps alone through int8, after an fp32 prefill, as "weight"
     else:
         assert torch.equal(pre, pre_q) and torch.equal(model.denoise(canvas, cache_q), denoised)
