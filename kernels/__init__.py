@@ -11,7 +11,7 @@ Ops (one module each; `<op>_ref` is the torch reference, `<op>_triton` the valid
 - `kernels.rmsnorm.rms_norm` / `rms_norm_add`: DiffusionGemmaRMSNorm, alone or fused with the residual add.
 CPU kernels in C++ (`impl="auto"|"cpp"|"ref"`, built once per machine by `kernels._cpp`; "auto" falls back to the
 reference with one warning where they cannot be built):
-- `kernels.q8_gemm.q8_linear`: int8 weights per channel x activations quantised per block of 32 (AVX-512 VNNI);
+- `kernels.q8_gemm.q8_linear`: int8 weights and activations, a scale per block of 32 along K (AVX-512 VNNI);
 - `kernels.rmsnorm_cpu.rms_norm_fused`: RMSNorm with its residual add and layer scale in one call.
 `python -m kernels.bench` times them on CUDA, `python -m kernels.cpu_bench` the CPU ones. The kernels are
 forward-only: "auto" uses the references whenever an input requires grad.

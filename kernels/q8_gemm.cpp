@@ -20,7 +20,7 @@
 //
 // Why a weight scale per block and not per channel: one scale a row of 640-2048 weights is set by its largest, and
 // the converted Gemma's rows mix blocks of very different size; per-channel int8 cost the default build's probe NLL
-// 1.0034-1.0065x fp32 by kind (over the 1.005x gate on news and code), per block 1.0004-1.0039x (BENCHMARKS.md,
+// 1.0034-1.0062x fp32 by kind (over the 1.005x gate on news and code), per block 1.0015-1.0036x (BENCHMARKS.md,
 // issue 31). The scales are bf16 rounded up (so no weight is clamped): 1/16 more bytes than the int8 weights.
 //
 // Why the weights carry the +128 offset and not the activations: `vpdpbusd` multiplies unsigned bytes by signed

@@ -14,8 +14,8 @@ activation scale per tensor, which the converted Gemma's outliers make useless. 
 each block of 32 activations and each block of 32 weights of a channel gets its own scale (an outlier coarsens only
 its block), the dot products run in int32 (AVX-512 VNNI `vpdpbusd`, an AVX2 fallback, a scalar one), and each tile
 of weight rows is reused from cache for every activation row, so a batch of 8 reads the weights once. (One scale
-per channel cost the default build's probe NLL 1.0034-1.0065x fp32 by kind, over the 1.005x gate; per block
-1.0004-1.0039x: BENCHMARKS.md, issue 31.)
+per channel cost the default build's probe NLL 1.0034-1.0062x fp32 by kind, over the 1.005x gate; per block
+1.0015-1.0036x: BENCHMARKS.md, issue 31.)
 
 Numerics (the contract the reference states): out = dequant(quant(x * kmask)) @ dequant(w).T (kmask: 1 on the live
 columns, 0 on the negligible ones, or None: all ones), where quant(x) rounds x / d to the nearest integer (ties to

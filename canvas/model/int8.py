@@ -21,8 +21,8 @@ Schemes (fp32 models only; a bf16 model keeps its own path):
   first, see `quantize_decode`), int32 dot products (AVX-512 VNNI, an AVX2 and a scalar path), every projection and
   the head; a C++ extension built once per machine. Faster than "weight" at one row and far more at eight (it reads
   each weight tile once for all rows), and faster than fp32 at prefill's hundreds of rows, so it serves prefill
-  too (`ROW_LIMITS`). Probe NLL per character against fp32 on the default build, by kind: 1.0004-1.0039x, under
-  the 1.005x gate (one weight scale per channel was 1.0034-1.0065x, over it on news and code; BENCHMARKS.md,
+  too (`ROW_LIMITS`). Probe NLL per character against fp32 on the default build, by kind: 1.0015-1.0036x, under
+  the 1.005x gate (one weight scale per channel was 1.0034-1.0062x, over it on news and code; BENCHMARKS.md,
   issue 31).
 - "dynamic": fbgemm's dynamic int8 linear (int8 weights per output channel, activations quantised to 8 bits per
   tensor at run time, int32 accumulation: VNNI on AVX-512) for q/k/v, the dense MLP and the head; faster, at one row
@@ -172,7 +172,7 @@ def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | Non
     if raw in ("", "auto"):
         if sum(p.numel() for p in model.parameters()) < AUTO_MIN_PARAMS:
             return None
-        # q8 where its kernel builds (faster, and within the probe bound: NLL/char 1.0004-1.0039x fp32 by kind on
+        # q8 where its kernel builds (faster, and within the probe bound: NLL/char 1.0015-1.0036x fp32 by kind on
         # the default build; BENCHMARKS.md, issue 31); its torch reference would be far slower than "weight" where
         # it does not.
         return "q8" if q8_gemm.available() else "weight"
