@@ -59,6 +59,7 @@ namespace {
 constexpr int64_t QK = 32;   // activation block along K
 constexpr int64_t GN = 16;   // output channels per packed group (one zmm of int32)
 constexpr int64_t GB = 64;   // bytes of a group per 4 bytes of K
+constexpr int64_t PF = 4;    // blocks of 32 along K the AVX-512 tile prefetches its weights ahead
 
 // The activations of one call, quantised: q (M, Kp) int8 (zero past K), d (M, Kp / QK) block scales, bias
 // (M, Kp / QK) int32 = -128 * the sum of each block of q (the +128 weight offset's correction, see above).
@@ -177,6 +178,14 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
     }
     const uint8_t* wb = w + b * (QK / 4) * GB;
     const int8_t* xq = a.xq + m * a.Kp + b * QK;
+    // Prefetch each group's weights PF blocks ahead: at 8 rows the tile's dot products take about as long as
+    // reading its weights, and the hardware prefetcher alone leaves the two in series (a step's q8 GEMMs at 8
+    // rows: 10.5 -> 9.9 ms, median of four A/B pairs; PF 2-8 measured, 4 best; BENCHMARKS.md, issue 31).
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+      for (int l = 0; l < (QK / 4) * GB / 64; ++l)  // never faults: a prefetch past the weights is dropped
+        _mm_prefetch(reinterpret_cast<const char*>(wb + t * gstride + PF * (QK / 4) * GB + 64 * l), _MM_HINT_T0);
 #pragma GCC unroll 8
     for (int s = 0; s < QK / 4; ++s) {
       __m512i wv[NT];
