@@ -1,12 +1,14 @@
-"""CPU kernel benchmark: the Q8 GEMM, the fused RMSNorm and the activations against what they replace, at
-Gemma-3-270M's shapes.
+"""CPU kernel benchmark: the Q8 GEMM, the fused RMSNorm, the activations and the decode attention against what they
+replace, at Gemma-3-270M's shapes.
 
 Run: `python -m kernels.cpu_bench [--threads N] [--reps R] [--json]`. For each projection of the converted
 Gemma-3-270M (q/k/v 1548x640, attention output 640x1032, MLP gate/up 4096x640 and down 640x2048, the 96k head
 98304x640) at M = 1, 8 and 256 rows it times, interleaved rep by rep (so load on a shared machine falls on all
 alike): `q8_linear` (C++), torch's weight-only int8 (`aten._weight_int8pack_mm`, bf16 activations: the "weight"
 decode scheme) and fp32 `F.linear`; then the decode step's norm (8 rows of 640) fused against torch's, and the
-gated GELU (gate/up of 2 x 2048) and the logit soft-cap (98304 logits) at 1 and 16 rows against torch's. Reports the
+gated GELU (gate/up of 2 x 2048) and the logit soft-cap (98304 logits) at 1 and 16 rows against torch's, and the
+decode step's attention (`kernels.attend_cpu`, 4 query heads over 1 KV head of 256, 290 cached keys and the ring's
+own) for one row, 8 drafts sharing one context and 8 distinct rows against its torch reference. Reports the
 median and best ms of each, the weight GB/s of the best (weight bytes / time: how near memory speed a few-row
 call runs) and the speed-up of q8 over the others. The table goes to stdout; the last line is one JSON object
 (CPU flags, ISA built, torch, threads, git sha, rows). Checks q8 against its reference first (exit 1 if off).
@@ -15,6 +17,7 @@ call runs) and the speed-up of q8 over the others. The table goes to stdout; the
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -24,8 +27,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels import attend_cpu
 from kernels._cpp import build_isa
 from kernels.act_cpu import gelu_mul, gelu_mul_ref, softcap_, softcap_ref
+from kernels.attend_cpu import attend_one
 from kernels.bench import _git_sha
 from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight
 from kernels.rmsnorm_cpu import rms_norm_fused
@@ -60,6 +65,33 @@ def _act_fns(gu: torch.Tensor, logits: torch.Tensor) -> dict[str, Callable[[], A
     return {"gelu_cpp": lambda: gelu_mul(gu, impl="cpp"), "gelu_torch": lambda: gelu_mul_ref(gu),
             "softcap_cpp": lambda: softcap_(logits, 30.0, impl="cpp"),
             "softcap_torch": lambda: softcap_ref(logits, 30.0)}
+
+
+def _attention(reps: int, g: torch.Generator) -> list[dict[str, Any]]:
+    """The decode step's attention, C++ against the torch reference: one row, the 8 drafts of one context (their
+    cached slots shared: read once for the 32 query heads) and 8 rows of distinct contexts."""
+    out = []
+    H, G, S, D = 4, 1, 290, 256
+    for case, B, shared in (("1 row", 1, False), ("8 drafts", 8, True), ("8 rows", 8, False)):
+        q = torch.randn(B, H, D, generator=g)
+        k, v = torch.randn(B, G, S, D, generator=g), torch.randn(B, G, S, D, generator=g)
+        share = None
+        if shared:
+            k[:], v[:] = k[:1].clone(), v[:1].clone()
+            share = (torch.zeros(B, dtype=torch.long), 0, S)
+        ek, ev = torch.randn(B, G, D, generator=g), torch.randn(B, G, D, generator=g)
+        mask = torch.ones(B, S + 1, dtype=torch.bool)
+        ref = attend_one(q, k, v, mask, ek, ev, share, impl="ref")
+        err = float((attend_one(q, k, v, mask, ek, ev, share, impl="cpp") - ref).abs().max() / ref.abs().max())
+        leader, lo, hi = share if share is not None else (None, 0, 0)
+        raw = attend_cpu.kernel()  # the entry point the decode step calls (no validation per call)
+        assert raw is not None
+        t = _interleaved({"cpp": functools.partial(raw, q, k, v, mask, ek, ev, leader, lo, hi),
+                          "torch": functools.partial(attend_one, q, k, v, mask, ek, ev, share, impl="ref")},
+                         reps * 20)
+        out.append({"case": case, "rows": B, "keys": S, "rel_err": err,
+                    **{f"{n}_best_us": min(ts) * 1e3 for n, ts in t.items()}})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         gu, logits = torch.randn(M, 4096, generator=g), torch.randn(M, 98304, generator=g) * 10
         t = _interleaved(_act_fns(gu, logits), args.reps * 4)
         acts.append({"rows": M, **{f"{k}_best_us": min(v) * 1e3 for k, v in t.items()}})
+    attention = _attention(args.reps, g)
+    ok &= all(a["rel_err"] < 1e-5 for a in attention)
     out = {"isa": build_isa(), "torch": torch.__version__, "threads": torch.get_num_threads(), "git_sha": _git_sha(),
-           "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts}
+           "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts, "attention": attention}
     if not args.json:
         print(f"{'op':<8} {'N':>6} {'K':>5} {'M':>4} {'q8 ms':>8} {'int8pack':>9} {'fp32':>8} {'q8 GB/s':>8} "
               f"{'vs int8pack':>11} {'vs fp32':>8}  (best of {args.reps}, interleaved; medians in the JSON)")
@@ -120,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{a['rows']:>2} rows: gelu(gate) * up of 2 x 2048: C++ {a['gelu_cpp_best_us']:.1f} us, torch "
                   f"{a['gelu_torch_best_us']:.1f} us; soft-cap of 98304 logits: C++ {a['softcap_cpp_best_us']:.1f} us, "
                   f"torch {a['softcap_torch_best_us']:.1f} us")
+        for a in attention:
+            print(f"attention, {a['case']} ({a['rows']} x 4 query heads, {a['keys']} + 1 keys): C++ "
+                  f"{a['cpp_best_us']:.1f} us, torch {a['torch_best_us']:.1f} us")
     print(json.dumps(out))
     return 0 if ok else 1
 
