@@ -8,7 +8,8 @@ Why: a decode step multiplies one row (or a few) by every weight, so it should b
 general `run_layers` path spends much of a step on per-op dispatch instead (~100 small ops a layer: a rope table
 per layer, casts around every norm, routing with host syncs and a sort). Here, per step:
 - RoPE's cos / sin are built once per rope kind (sliding / full), not once per layer;
-- q and k are normed and rotated as one (B, H + G, D) tensor, their norm weights stacked (`_qk_norm_weight`);
+- q, k and v are normed as one (B, H + 2G, D) view of the projection, their norm weights stacked (`_qk_norm_weight`;
+  no copy of a strided slice per head kind), and q and k rotated as one;
 - the experts: with fewer (row, pick) pairs than experts (batch 1 on Gemma-3-270M: top-1 of 4) only the picked
   ones, one row at a time; else (and always when compiled: no data-dependent shapes) all of them, dense: every
   expert's gate/up on every row in one matmul, the routing weights zero for experts a row did not pick (their
@@ -118,12 +119,15 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
     B = x.shape[0]
     H, G, D = heads, kv_heads, cos.shape[-1]
     proj = _mm(_norm(x, in_norm, eps), qkv)  # (B, (H + 2G) * D) or (B, (H + G) * D)
-    qk = proj[:, : (H + G) * D].view(B, H + G, D)
-    raw_v = proj[:, (H + G) * D :].view(B, G, D) if has_v else qk[:, H:]
-    qk = _norm(qk, qk_norm, eps)
+    if has_v:  # q, k and v in one norm over the contiguous projection (qk_norm's last G rows are ones): no copies
+        normed = _norm(proj.view(B, H + 2 * G, D), qk_norm, eps)  # (B, H + 2G, D)
+        qk, v = normed[:, : H + G], normed[:, H + G :]
+    else:  # v is the raw key, normed without a weight
+        qk = _norm(proj.view(B, H + G, D), qk_norm, eps)
+        v = _norm(proj.view(B, H + G, D)[:, H:], None, eps)
     half = D // 2
     qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # (B, H + G, D)
-    return qk[:, :H, None], qk[:, H:, None], _norm(raw_v, None, eps)[:, :, None]
+    return qk[:, :H, None], qk[:, H:, None], v[:, :, None]
 
 
 def post_attention(x: Tensor, att: Tensor, o_proj: Lin, gate_up: Lin, down: Lin, norms: tuple[Tensor, ...],
@@ -212,13 +216,16 @@ _QK_NORMS: weakref.WeakKeyDictionary[Attention, tuple[tuple[int, ...], Tensor]] 
 
 
 def _qk_norm_weight(attn: Attention) -> Tensor:
-    """q_norm for each query head then k_norm for each KV head, (H + G, D): one norm and one multiply for both.
-    Rebuilt when either weight is replaced or modified in place (their version counters)."""
+    """q_norm for each query head, k_norm for each KV head and, on a layer with its own v, ones for each KV head
+    (v's norm has no weight): (H + G, D) or (H + 2G, D), so that one norm covers the projection's rows (`pre_attention`;
+    times 1.0 is exact). Rebuilt when either weight is replaced or modified in place (their version counters)."""
     key = tuple(x for w in (attn.q_norm, attn.k_norm) for x in (w.data_ptr(), w._version))
     hit = _QK_NORMS.get(attn)
     if hit is None or hit[0] != key:
-        w = torch.cat([attn.q_norm.detach().expand(attn.n_heads, -1), attn.k_norm.detach().expand(attn.n_kv, -1)])
-        hit = _QK_NORMS[attn] = (key, w)
+        parts = [attn.q_norm.detach().expand(attn.n_heads, -1), attn.k_norm.detach().expand(attn.n_kv, -1)]
+        if attn.has_v:
+            parts.append(torch.ones_like(parts[1]))
+        hit = _QK_NORMS[attn] = (key, torch.cat(parts))
     return hit[1]
 
 
