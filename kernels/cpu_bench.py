@@ -11,7 +11,8 @@ decode step's attention (`kernels.attend_cpu`, 4 query heads over 1 KV head of 2
 own) for one row, 8 drafts sharing one context and 8 distinct rows against its torch reference. Reports the
 median and best ms of each, the weight GB/s of the best (weight bytes / time: how near memory speed a few-row
 call runs) and the speed-up of q8 over the others. The table goes to stdout; the last line is one JSON object
-(CPU flags, ISA built, torch, threads, git sha, rows). Checks q8 against its reference first (exit 1 if off).
+(CPU flags, ISA built, torch, threads, git sha, rows). Checks q8 and the attention against their references (exit 1
+if off).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def _attention(reps: int, g: torch.Generator) -> list[dict[str, Any]]:
     cached slots shared: read once for the 32 query heads) and 8 rows of distinct contexts."""
     out = []
     H, G, S, D = 4, 1, 290, 256
+    raw = attend_cpu.kernel()  # the entry point the decode step calls (no validation per call)
+    assert raw is not None
     for case, B, shared in (("1 row", 1, False), ("8 drafts", 8, True), ("8 rows", 8, False)):
         q = torch.randn(B, H, D, generator=g)
         k, v = torch.randn(B, G, S, D, generator=g), torch.randn(B, G, S, D, generator=g)
@@ -84,8 +87,6 @@ def _attention(reps: int, g: torch.Generator) -> list[dict[str, Any]]:
         ref = attend_one(q, k, v, mask, ek, ev, share, impl="ref")
         err = float((attend_one(q, k, v, mask, ek, ev, share, impl="cpp") - ref).abs().max() / ref.abs().max())
         leader, lo, hi = share if share is not None else (None, 0, 0)
-        raw = attend_cpu.kernel()  # the entry point the decode step calls (no validation per call)
-        assert raw is not None
         t = _interleaved({"cpp": functools.partial(raw, q, k, v, mask, ek, ev, leader, lo, hi),
                           "torch": functools.partial(attend_one, q, k, v, mask, ek, ev, share, impl="ref")},
                          reps * 20)

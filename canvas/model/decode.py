@@ -119,12 +119,11 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
     B = x.shape[0]
     H, G, D = heads, kv_heads, cos.shape[-1]
     proj = _mm(_norm(x, in_norm, eps), qkv)  # (B, (H + 2G) * D) or (B, (H + G) * D)
-    if has_v:  # q, k and v in one norm over the contiguous projection (qk_norm's last G rows are ones): no copies
-        normed = _norm(proj.view(B, H + 2 * G, D), qk_norm, eps)  # (B, H + 2G, D)
-        qk, v = normed[:, : H + G], normed[:, H + G :]
-    else:  # v is the raw key, normed without a weight
-        qk = _norm(proj.view(B, H + G, D), qk_norm, eps)
-        v = _norm(proj.view(B, H + G, D)[:, H:], None, eps)
+    rows = proj.view(B, -1, D)  # (B, H + 2G, D) or (B, H + G, D): a view, the projection is contiguous
+    # One norm for every row (with v, qk_norm's last G rows are ones): no copy of a strided slice per kind.
+    normed = _norm(rows, qk_norm, eps)
+    qk = normed[:, : H + G]
+    v = normed[:, H + G :] if has_v else _norm(rows[:, H:], None, eps)  # else v is the raw key, normed unweighted
     half = D // 2
     qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # (B, H + G, D)
     return qk[:, :H, None], qk[:, H:, None], v[:, :, None]
