@@ -53,8 +53,13 @@ class DcanvasApp(App[int]):
             "Settings",
             tooltip="Generation settings: mode, max steps, entropy bound, temperatures, seed, gap size",
         ),
-        Binding("f8", "toggle_diffusion", "Diffusion", tooltip="Diffusion decoder on / off (off: the model's default "
-                "mode; the converted model's diffusion decoder is untrained for denoising)"),
+        Binding(
+            "f8",
+            "toggle_diffusion",
+            "Diffusion",
+            tooltip="Diffusion decoder on / off (off: the model's default "
+            "mode; the converted model's diffusion decoder is untrained for denoising)",
+        ),
     ]
 
     def __init__(

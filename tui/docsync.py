@@ -15,7 +15,7 @@ Pure helpers: `text_change` (the one replace that turns a text into another: com
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,10 @@ class DocSync:
         self.client: DcanvasClient | None = None
         self.state: DocState | None = None
         self.deferred: DocState | None = None  # a broadcast that arrived while a request was in flight
+        # The editor text the server has already taken in (sent, or found equal), until the editor shows a newer
+        # state. A push of this same text again is stale: the server has moved on from it (an undo, an accept)
+        # and the editor has not redrawn yet, so sending it would undo the server's change.
+        self.sent: str | None = None
         self.lock = asyncio.Lock()
 
     @property
@@ -127,22 +131,31 @@ class DocSync:
                     part = text[len(state.text) : len(state.text) + chunk]
                     op = ReplaceOp(start=len(state.text), end=len(state.text), text=part)
                     state = await client.edit(state.doc_id, state.v, [op])
-            self.state = state
+            self.state, self.sent = state, None  # the editor's text is brought to the server whatever came before
             return await self._push(text)
 
-    async def push(self, text: str) -> DocState:
-        """Send the editor's `text` (document form) if it differs from the server's."""
+    async def push(self, read: Callable[[], str]) -> tuple[str, DocState]:
+        """Send the editor's text (document form, read by `read` once the requests before this one are answered)
+        if it differs from the server's. Returns the text read and the state after."""
         async with self.lock:
-            return await self._push(text)
+            text = read()
+            return text, await self._push(text)
 
     async def _push(self, text: str) -> DocState:
         client, state = self.require()
+        if text == self.sent:
+            return state
         change = text_change(state.text, text)
         if change is not None:
             op = ReplaceOp(start=change.start, end=change.end, text=change.text)
             self.state = await client.edit(state.doc_id, state.v, [op])
+        self.sent = text
         assert self.state is not None
         return self.state
+
+    def shown(self) -> None:
+        """The editor now shows the latest state (with any typing since on top): its text is new typing again."""
+        self.sent = None
 
     async def edit(self, text: str, ops: Sequence[EditOp]) -> DocState:
         """Push `text`, then apply `ops` (offsets in `text`) as one edit."""

@@ -86,10 +86,28 @@ async def test_docsync_chunks_a_large_open_and_rebases_pushes(server_url: str, m
         other = await b.open(state.doc_id)
         await b.edit(other.doc_id, other.v, [ReplaceOp(start=0, end=4, text="LINE")])
         mine = text + "the end\n"
-        state = await sync.push(mine)
+        sent, state = await sync.push(lambda: mine)
+        assert sent == mine
         assert state.text == "LINE" + mine[4:]  # the server rebased the push over the other edit
 
         # After a reconnect the same document is opened again, and the text is brought up to date.
         sync.client = None
         state = await sync.attach(a, state.text + "more\n", "big.txt")
         assert state.doc_id == other.doc_id and state.text.endswith("the end\nmore\n")
+
+
+async def test_a_stale_push_does_not_undo_an_undo(server_url: str) -> None:
+    # The push timer may fire while an undo is in flight and read the text the undo is about to replace; sending
+    # that text would re-apply what was undone (and drop the spans it covered).
+    text = "The cat sat on the mat.\n"
+    async with DcanvasClient.connect(server_url) as client:
+        sync = DocSync()
+        await sync.attach(client, text, "cat.txt")
+        typed = text.replace("cat", "dog")
+        state = await sync.history(typed, redo=False)  # the typing is sent first, then undone
+        assert state.text == text
+        sent, after = await sync.push(lambda: typed)  # the editor has not redrawn yet: still the undone text
+        assert sent == typed and after.text == text and after.v == state.v
+        sync.shown()  # the editor took the undo; typing the same words again is new typing
+        _, after = await sync.push(lambda: typed)
+        assert after.text == typed and after.v == state.v + 1

@@ -185,6 +185,7 @@ class MainScreen(GenerationScreen):
         if local is not None:
             marks = [(*shift_span(s, e, local), k) for s, e, k in marks]
         editor.set_marks(marks)
+        self.sync.shown()
         if not clean:
             self.notify("Another change overlapped your latest typing; the server's text was kept.", severity="warning")
         self.update_status()
@@ -206,10 +207,10 @@ class MainScreen(GenerationScreen):
     async def push_text(self) -> None:
         if not self.sync.ready:
             return  # offline: the text is sent when the connection comes back (attach)
-        sent = self.editor.doc_text
         before = self.sync.state.v if self.sync.state is not None else -1
         with self._report("Sending your edit"):
-            state = await self.sync.push(sent)
+            # The text is read when the push's turn comes: read now, it could be one an undo already replaced.
+            sent, state = await self.sync.push(lambda: self.editor.doc_text)
             if state.v != before:
                 self.post_message(DocUpdated(state, sent=sent))
         self._after_request()
