@@ -70,6 +70,7 @@ class EvalConfig:
     ar_temperature: tuple[float, ...] = ()
     fim: tuple[bool, ...] = ()  # FIM prompting on / off (the model must have the format for on)
     ar_smc_every: tuple[int, ...] = ()  # SMC resampling every N tokens (0: off)
+    ar_min_p: tuple[float, ...] = ()  # drafts drop tokens under min_p times the likeliest (0: off)
     sweep_task: str = CONTINUATION  # the task the sweep runs on ("" for no sweep)
     sweep_bounds: tuple[float, ...] = (0.05, 0.1, 0.3, 1.0)
     sweep_steps: tuple[int, ...] = (8, 16, 48)
@@ -96,6 +97,8 @@ class EvalConfig:
             SamplerConfig(ar_temperature=t)
         for n in self.ar_smc_every:
             SamplerConfig(ar_smc_every=n)
+        for m in self.ar_min_p:
+            SamplerConfig(ar_min_p=m)
         if not self.speed_scale > 0:
             raise ValueError(f"speed_scale must be > 0, got {self.speed_scale}")
         SamplerConfig(max_steps=self.max_steps, entropy_bound=self.entropy_bound)  # validates both
@@ -397,6 +400,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ar-smc-every", dest="ar_smc_every", type=_ints, default=None,
                         help="SMC resampling of the drafts every N tokens to compare, 0 for off (default: the "
                              "model's setting)")  # fmt: skip
+    parser.add_argument("--ar-min-p", dest="ar_min_p", type=_floats, default=None,
+                        help="AR draft min-p cut-offs to compare, 0 for off (default: the model's setting)")
     parser.add_argument(
         "--sweep-samples",
         dest="sweep_samples",
@@ -433,7 +438,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 _OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "modes",
-              "ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every", "chunks_per_doc",
+              "ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every", "ar_min_p", "chunks_per_doc",
               "speed_scale", "examples")  # fmt: skip
 
 

@@ -26,8 +26,9 @@ from canvas.eval.samples import CONTINUATION, EvalError
 from canvas.sampling.sampler import Mode
 
 # The `SamplerConfig` fields of the AR infill an eval can vary, each a dimension of the AR variants.
-AR_SETTINGS = ("ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every")
-_SHORT = {"ar_drafts": "K", "ar_seam_tokens": "S", "ar_temperature": "t", "fim": "fim", "ar_smc_every": "smc"}
+AR_SETTINGS = ("ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every", "ar_min_p")
+_SHORT = {"ar_drafts": "K", "ar_seam_tokens": "S", "ar_temperature": "t", "fim": "fim", "ar_smc_every": "smc",
+          "ar_min_p": "minp"}
 FILL_RANGE = (0.8, 1.5)
 SEAM_MAX = 1.8
 REPEAT_POINTS = 0.05  # 5 points of the share of repeated 4-grams
@@ -62,6 +63,7 @@ class Variant:
     ar_temperature: float | None = None
     fim: bool | None = None
     ar_smc_every: int | None = None
+    ar_min_p: float | None = None
 
     def settings(self) -> dict[str, Any]:
         return {k: v for k in AR_SETTINGS if (v := getattr(self, k)) is not None}
@@ -109,6 +111,7 @@ class Record:
     ar_temperature: float | None = None
     fim: bool | None = None
     ar_smc_every: int | None = None
+    ar_min_p: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,7 @@ class Point:
     ar_temperature: float | None = None
     fim: bool | None = None
     ar_smc_every: int | None = None
+    ar_min_p: float | None = None
 
 
 def _ratio(a: float, b: float) -> float:

@@ -311,7 +311,7 @@ def test_settings_are_checked_and_persisted(tmp_path) -> None:  # noqa: ANN001
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplerConfig(**bad)  # type: ignore[arg-type]
     cfg = SamplerConfig(ar_drafts=5, ar_seam_tokens=6, ar_min_fill=0.25, ar_endings=3, ar_draft_weight=0.5,
-                        ar_no_repeat=0)
+                        ar_no_repeat=0, ar_min_p=0.05)
     import json
 
     (tmp_path / "dcanvas_sampler.json").write_text(json.dumps(extra_settings(cfg)))

@@ -356,6 +356,9 @@ def test_variants_and_their_checks() -> None:
     assert [v.label for v in cfg.variants] == ["diffusion", "ar K=1", "ar K=8"]
     assert Variant("ar", 8, 4).settings() == {"ar_drafts": 8, "ar_seam_tokens": 4}
     assert [v.label for v in EvalConfig(modes=("ar",)).variants] == ["ar"]  # the model's own AR settings
+    assert [v.label for v in EvalConfig(modes=("ar",), ar_min_p=(0.0, 0.1)).variants] == ["ar minp=0", "ar minp=0.1"]
+    with pytest.raises(ValueError, match="ar_min_p"):
+        EvalConfig(ar_min_p=(1.5,))
     if "ar_drafts" in {f.name for f in dataclasses.fields(SamplerConfig)}:
         check_variants(cfg)  # the suffix-aware AR infill is in this build
     else:
