@@ -26,6 +26,13 @@ def _f(value: float, digits: int = 2) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
+def _ci(value: float, ci: Any) -> str:
+    """A ratio with its 90% bootstrap interval when the result has one (older results do not)."""
+    if not ci or any(c is None or math.isnan(c) for c in ci):
+        return _f(value)
+    return f"{_f(value)} ({_f(ci[0])}-{_f(ci[1])})"
+
+
 def _pct(value: float) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
@@ -42,8 +49,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Judge: {result['judge']}; judge perplexity pooled over samples, ratio = model / the human text it replaces "
         f"(1.0 is human-like): the fill in its context, and the seam, the first {cfg['seam_tokens']} judge tokens "
-        f"after an infill. Held-out text {result.get('data', '')}, seed {cfg['seed']}, canvas "
-        f"{result['canvas_length']} tokens, batch 1, context encoding included in s/canvas.",
+        f"after an infill; in brackets, 90% bootstrap intervals over the samples. Held-out text "
+        f"{result.get('data', '')}, seed {cfg['seed']}, canvas {result['canvas_length']} tokens, batch 1, context "
+        "encoding included in s/canvas.",
         "",
         f"Targets: fill ratio {lo:g}-{hi:g} (below {lo:g} with more repetition than the human text is degenerate, "
         f"flagged), seam ratio <= {SEAM_MAX:g}, repeated 4-grams within {100 * REPEAT_POINTS:.0f} points of the human "
@@ -58,8 +66,9 @@ def markdown(result: dict[str, Any]) -> str:
         settings = "" if p["mode"] == "ar" else f"{p['max_steps']} / {p['entropy_bound']:g}"
         flag = "**degenerate**" if p["degenerate"] else ""
         lines.append(
-            f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | {_f(p['fill_ratio'])} | "
-            f"{_f(p['seam_ratio'])} | {_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
+            f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | "
+            f"{_ci(p['fill_ratio'], p.get('fill_ratio_ci'))} | {_ci(p['seam_ratio'], p.get('seam_ratio_ci'))} | "
+            f"{_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
             f"{_pct(p['join_faults'])} ({_pct(p['join_faults_human'])}) | "
             f"{_pct(p['null_share'])} | {_f(p['seconds_per_canvas'])} | {_f(p['tokens_per_forward'])} | "
             f"{_f(p['steps_per_canvas'], 1)} | {_pct(p['exact_length'])} | {_f(p['ratio'])} | {flag} |"
@@ -100,7 +109,7 @@ def markdown(result: dict[str, Any]) -> str:
               "|---|---|---|---:|---|"]  # fmt: skip
     for t in result["targets"]:
         where = f" ({t['at']})" if "at" in t else ""
-        measured = _pct(t["measured"]) if "4-grams" in t["target"] else _f(t["measured"])
+        measured = _pct(t["measured"]) if "4-grams" in t["target"] else _ci(t["measured"], t.get("ci"))
         lines.append(f"| {t['task']} | {t['variant']} | {t['target']} | {measured}{where} | "
                      f"{'yes' if t['met'] else '**no**'} |")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -39,7 +39,7 @@ from canvas.eval.evaluate import (
     sweep_summary,
 )
 from canvas.eval.judge import Judge, JudgeError, SpanScore, load_judge, perplexity
-from canvas.eval.metrics import Variant, is_degenerate, speed_bound, targets
+from canvas.eval.metrics import Variant, bootstrap_interval, is_degenerate, speed_bound, targets
 from canvas.eval.report import PLACEHOLDER, card_metrics, card_section, markdown, update_card
 from canvas.eval.samples import CONTINUATION, EvalError, build_samples, read_documents, read_texts
 from canvas.sampling.modes import EXTRA_FILE, ModeDefaults, load_mode_defaults
@@ -233,6 +233,23 @@ def test_pool_uses_pooled_nll_and_counts_nulls() -> None:
     assert p.variant == "diffusion" and not p.degenerate  # a high fill ratio is never degenerate
     with pytest.raises(EvalError):
         pool([])
+
+
+def test_bootstrap_intervals_bracket_the_pooled_ratios() -> None:
+    """The interval holds the pooled ratio, narrows as samples agree, is the same for the same records, and is NaN
+    where a ratio has nothing to pool (a continuation has no seam)."""
+    spread = [_record(float(k % 5), 1, 1.0, 1) for k in range(40)]
+    p = pool(spread)
+    for value, (lo, hi) in ((p.fill_ratio, p.fill_ratio_ci), (p.seam_ratio, p.seam_ratio_ci)):
+        assert lo - 1e-12 <= value <= hi + 1e-12  # equal up to rounding when every sample agrees (the seam here)
+    assert p.fill_ratio_ci[0] < p.fill_ratio_ci[1]
+    assert bootstrap_interval(spread, "span") == p.fill_ratio_ci  # seeded: reproducible
+    alike = pool([_record(2.0, 1, 1.0, 1) for _ in range(40)])
+    assert alike.fill_ratio_ci == pytest.approx((math.e, math.e))  # every resample pools the same ratio
+    cont = [dataclasses.replace(r, model=SpanScore(1.0, 1, 0.0, 0), human=SpanScore(1.0, 1, 0.0, 0)) for r in spread]
+    assert all(math.isnan(c) for c in pool(cont).seam_ratio_ci)
+    with pytest.raises(ValueError, match="part"):
+        bootstrap_interval(spread, "total")
 
 
 def test_repeated_4grams() -> None:
