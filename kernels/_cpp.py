@@ -1,5 +1,5 @@
-"""Build and load of the CPU C++ kernels (`q8_gemm.cpp`, `rmsnorm_cpu.cpp`, `attend_cpu.cpp`, `act_cpu.cpp`, bound in
-`_cpp_bindings.cpp`; `cpu_math.h` their shared vector math).
+"""Build and load of the CPU C++ kernels (`q8_gemm.cpp`, `rmsnorm_cpu.cpp`, `attend_cpu.cpp`, `act_cpu.cpp`,
+`sample_cpu.cpp`, bound in `_cpp_bindings.cpp`; `cpu_math.h` their shared vector math).
 
 Owns `build_isa` (which instruction-set path this machine compiles), `extension` (the built module, or None) and
 `build_error`. One extension module holds every CPU kernel, so a machine compiles once (~40 s with g++ on 2 cores):
@@ -27,7 +27,7 @@ __all__ = ["ISA_ENV", "build_error", "build_isa", "extension"]
 ISA_ENV = "DCANVAS_Q8_ISA"  # force "avx512_vnni", "avx2" or "scalar" (tests build each path the CPU can run)
 _HERE = Path(__file__).parent
 _SOURCES = [_HERE / "_cpp_bindings.cpp", _HERE / "q8_gemm.cpp", _HERE / "rmsnorm_cpu.cpp", _HERE / "attend_cpu.cpp",
-            _HERE / "act_cpu.cpp"]
+            _HERE / "act_cpu.cpp", _HERE / "sample_cpu.cpp"]
 
 # Compiler flags per instruction-set path, and the /proc/cpuinfo flags each needs; widest first.
 _ISA_FLAGS: dict[str, tuple[list[str], frozenset[str]]] = {

@@ -16,6 +16,9 @@ torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, cons
                          int64_t shared_lo, int64_t shared_hi);
 
 torch::Tensor gelu_mul(const torch::Tensor& gate_up);
+std::tuple<torch::Tensor, torch::Tensor> draw_tokens(const torch::Tensor& logits, const torch::Tensor& u,
+                                                     double inv_temp, double min_p, const torch::Tensor& ban_offsets,
+                                                     const torch::Tensor& ban_ids);
 torch::Tensor softcap_(torch::Tensor& x, double cap);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -28,5 +31,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("leader") = pybind11::none(), pybind11::arg("shared_lo") = 0, pybind11::arg("shared_hi") = 0);
   m.def("gelu_mul", &gelu_mul, "gelu_tanh(gate) * up over the halves of gate_up (R, 2I) fp32 rows -> (R, I)");
   m.def("softcap_", &softcap_, "x = tanh(x / cap) * cap in place over fp32");
+  m.def("draw_tokens", &draw_tokens, "one token a row of logits (K, V) fp32 after bans and min-p, at 1 / inv_temp, "
+        "by the uniforms u (K,) -> (tok (K,) int64, raw log-softmax at tok (K,) fp32)");
   m.def("rms_norm_fused", &rms_norm_fused, "(residual + rms_norm(x) * weight) * scale over fp32 rows");
 }

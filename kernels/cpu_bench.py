@@ -8,11 +8,12 @@ alike): `q8_linear` (C++), torch's weight-only int8 (`aten._weight_int8pack_mm`,
 decode scheme) and fp32 `F.linear`; then the decode step's norm (8 rows of 640) fused against torch's, and the
 gated GELU (gate/up of 2 x 2048) and the logit soft-cap (98304 logits) at 1 and 16 rows against torch's, and the
 decode step's attention (`kernels.attend_cpu`, 4 query heads over 1 KV head of 256, 290 cached keys and the ring's
-own) for one row, 8 drafts sharing one context and 8 distinct rows against its torch reference. Reports the
+own) for one row, 8 drafts sharing one context and 8 distinct rows against its torch reference, and the drafts' token
+draw (`kernels.sample_cpu`: 1 and 8 rows of 98304 logits, 7 bans a row) against its torch reference. Reports the
 median and best ms of each, the weight GB/s of the best (weight bytes / time: how near memory speed a few-row
 call runs) and the speed-up of q8 over the others. The table goes to stdout; the last line is one JSON object
 (CPU flags, ISA built, torch, threads, git sha, rows). Checks q8 and the attention against their references (exit 1
-if off).
+if off, or if a draw differs).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kernels.attend_cpu import attend_one
 from kernels.bench import _git_sha
 from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight
 from kernels.rmsnorm_cpu import rms_norm_fused
+from kernels.sample_cpu import draw_tokens, draw_tokens_ref
 
 __all__ = ["SHAPES", "main"]
 
@@ -95,6 +97,21 @@ def _attention(reps: int, g: torch.Generator) -> list[dict[str, Any]]:
     return out
 
 
+def _draws(reps: int, g: torch.Generator) -> list[dict[str, Any]]:
+    """The drafts' token draw (temperature 0.8, no min-p), C++ against the torch reference, on 1 and 8 rows."""
+    out = []
+    for K in (1, 8):
+        logits, u = torch.randn(K, 98304, generator=g) * 4, torch.rand(K, generator=g)
+        bans = [[0, 1, 2, 3, 4, 5, 6 + k] for k in range(K)]
+        same = bool(torch.equal(draw_tokens(logits, u, 0.8, 0.0, bans, impl="cpp")[0],
+                                draw_tokens_ref(logits, u, 0.8, 0.0, bans)[0]))
+        t = _interleaved({"cpp": lambda: draw_tokens(logits, u, 0.8, 0.0, bans, impl="cpp"),  # noqa: B023
+                          "torch": lambda: draw_tokens_ref(logits, u, 0.8, 0.0, bans)}, reps * 4)  # noqa: B023
+        out.append({"rows": K, "same_tokens": same, **{f"{n}_best_us": min(ts) * 1e3 for n, ts in t.items()},
+                    **{f"{n}_median_us": statistics.median(ts) * 1e3 for n, ts in t.items()}})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
@@ -140,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         acts.append({"rows": M, **{f"{k}_best_us": min(v) * 1e3 for k, v in t.items()}})
     attention = _attention(args.reps, g)
     ok &= all(a["rel_err"] < 1e-5 for a in attention)
+    draws = _draws(args.reps, g)
+    ok &= all(d["same_tokens"] for d in draws)
     out = {"isa": build_isa(), "torch": torch.__version__, "threads": torch.get_num_threads(), "git_sha": _git_sha(),
-           "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts, "attention": attention}
+           "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts, "attention": attention, "draws": draws}
     if not args.json:
         print(f"{'op':<8} {'N':>6} {'K':>5} {'M':>4} {'q8 ms':>8} {'int8pack':>9} {'fp32':>8} {'q8 GB/s':>8} "
               f"{'vs int8pack':>11} {'vs fp32':>8}  (best of {args.reps}, interleaved; medians in the JSON)")
@@ -158,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         for a in attention:
             print(f"attention, {a['case']} ({a['rows']} x 4 query heads, {a['keys']} + 1 keys): C++ "
                   f"{a['cpp_best_us']:.1f} us, torch {a['torch_best_us']:.1f} us")
+        for d in draws:
+            print(f"token draw, {d['rows']} x 98304 logits: C++ {d['cpp_best_us']:.1f} us (median "
+                  f"{d['cpp_median_us']:.1f}), torch {d['torch_best_us']:.1f} us (median {d['torch_median_us']:.1f})")
     print(json.dumps(out))
     return 0 if ok else 1
 

@@ -4,10 +4,11 @@
 
 Per step: the median time of one batched `model.encode` of (K, 1) tokens over K lanes of one context
 (`canvas.engine.ar.ARBatch.step`, the call the engine makes each step) against the same for one lane; goal: batch 8
-<= 1.5x a single draft. With --model the engine is the server's (`load_backend`: its dtype, int8 decode weights and
-tokenizer facts). Per infill: the wall of a whole seam-aware AR infill through the engine (K drafts, their
-seam scoring, the choice) against the plain one-draft fill, for each gap size, with the seam tokens and endings the
-model directory (or the sampler's defaults) sets. The last line is one JSON object with the machine noted.
+<= 1.5x a single draft. Beside it, the lanes' token draw that follows each step (`canvas.engine.ar.draw`), and the
+two together: what an engine step costs. With --model the engine is the server's (`load_backend`: its dtype, int8
+decode weights and tokenizer facts). Per infill: the wall of a whole seam-aware AR infill through the engine (K
+drafts, their seam scoring, the choice) against the plain one-draft fill, for each gap size, with the seam tokens and
+endings the model directory (or the sampler's defaults) sets. The last line is one JSON object with the machine noted.
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ def _model(args: argparse.Namespace) -> tuple[DiffusionModel, str, Any, Engine]:
 
 def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
     from canvas.bench.common import machine, print_table
-    from canvas.engine.ar import ARBatch
+    from canvas.engine.ar import ARBatch, draw
     from canvas.engine.core import GenRequest
 
     model, name, defaults, engine = _model(args)
     cfg = model.config
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(3, cfg.vocab_size, (1, args.prompt), generator=g)
-    _, context = model.encode(ctx, cache=model.new_cache(1, args.prompt + 1), logits="none")
+    out, context = model.encode(ctx, cache=model.new_cache(1, args.prompt + 1), logits="last")
+    assert out is not None
+    last = out[0, -1].float()  # (V,): the logits a draw reads
     def step_time(k: int) -> float:
         """Median seconds of one batched step of k lanes of the context: the engine's per-step AR call."""
         steps = 16
@@ -79,11 +82,27 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    singles, batched = [], []
+    def draw_time(k: int) -> float:
+        """Median seconds of the k lanes' token draw after a step (`canvas.engine.ar.draw`, as a scored draft
+        draws: its sentinel and EOS bans, a no-repeat ban a lane, the model's temperature)."""
+        logits = last.repeat(k, 1)  # (k, V): a step's head output
+        bans = [[0, 1, 2, 3, 4, 5, 6 + lane] for lane in range(k)]
+        temperature = defaults.ar_temperature or 0.7
+        times = []
+        for _ in range(16):
+            t0 = time.perf_counter()
+            draw(logits, bans, temperature, defaults, g)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    singles, batched, draws_1, draws_k = [], [], [], []
     for _ in range(args.runs):  # alternate, so load from other processes hits both alike
         singles.append(step_time(1))
         batched.append(step_time(args.drafts))
+        draws_1.append(draw_time(1))
+        draws_k.append(draw_time(args.drafts))
     single, multi = statistics.median(singles), statistics.median(batched)
+    draw_1, draw_k = statistics.median(draws_1), statistics.median(draws_k)
 
     base = dataclasses.replace(defaults, mode="ar", seed=0, ar_temperature=defaults.ar_temperature or 0.7)
     seam = dataclasses.replace(base, ar_drafts=args.drafts, ar_seam_tokens=defaults.ar_seam_tokens or 8)
@@ -105,11 +124,16 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
     out = {
         "model": name, "dtype": str(model.dtype).removeprefix("torch."), "prompt_tokens": args.prompt,
         "drafts": args.drafts, "step_single_ms": single * 1e3, "step_batch_ms": multi * 1e3,
-        "step_ratio": multi / single, "infill_s": infills, "seam_tokens": seam.ar_seam_tokens,
+        "step_ratio": multi / single, "draw_single_ms": draw_1 * 1e3, "draw_batch_ms": draw_k * 1e3,
+        "step_draw_ratio": (multi + draw_k) / (single + draw_1), "infill_s": infills,
+        "seam_tokens": seam.ar_seam_tokens,
         "runs": args.runs, "machine": machine(),
     }
     rows = [(f"one AR step: 1 lane / {args.drafts} lanes (goal <= 1.5x)",
-             f"{single * 1e3:.1f} / {multi * 1e3:.1f} ms = {multi / single:.2f}x")]
+             f"{single * 1e3:.1f} / {multi * 1e3:.1f} ms = {multi / single:.2f}x"),
+            ("the lanes' token draw after it: 1 / K", f"{draw_1 * 1e3:.2f} / {draw_k * 1e3:.2f} ms"),
+            ("step and draw: 1 lane / K lanes", f"{(single + draw_1) * 1e3:.1f} / {(multi + draw_k) * 1e3:.1f} ms = "
+             f"{(multi + draw_k) / (single + draw_1):.2f}x")]
     for gap, w in infills.items():
         rows.append((f"{gap}-token infill: plain fill / {args.drafts} drafts + seam ({seam.ar_seam_tokens} tokens)",
                      f"{w['plain']:.2f} / {w['drafts']:.2f} s"))

@@ -47,6 +47,7 @@ from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, WordEdges, fim
 from canvas.engine.types import Drafts
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampling.sampler import SamplerConfig, sample_categorical, truncate_logits
+from kernels.sample_cpu import draw_tokens
 
 _NEG = float("-inf")
 _serials = itertools.count(1)
@@ -66,6 +67,30 @@ def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
         if "\n" in text or "<0x0A>" in text or text.rstrip().rstrip(_CLOSERS)[-1:] in tuple(_CLAUSE_MARKS):
             out.add(i)
     return frozenset(out)
+
+
+def draw(logits: Tensor, bans: Sequence[Sequence[int]], temperature: float, cfg: SamplerConfig,
+         generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Each lane's next token from its logits (K, V) without its `bans`, under `cfg`'s truncation, at `temperature`
+    (0: greedy), and the token's log-probability at temperature 1 before the bans (the drafting frame's):
+    (tok (K,), logp (K,)). Uses one uniform a lane from `generator`, as `sample_categorical` does."""
+    logits = logits.float()
+    if temperature > 0 and logits.device.type == "cpu" and cfg.ar_top_k <= 0 and cfg.ar_top_p >= 1:
+        u = torch.rand(logits.shape[0], generator=generator)  # (K,)
+        return draw_tokens(logits, u, temperature, cfg.ar_min_p, bans)  # one fused pass a lane
+    # Greedy, a GPU, or llama.cpp's top-k / top-p (per request): the torch chain.
+    logp = torch.log_softmax(logits, dim=-1)  # (K, V)
+    if any(bans):
+        logits = logits.clone()
+        for k, ids in enumerate(bans):
+            logits[k, list(ids)] = _NEG
+    if temperature > 0:
+        logits = truncate_logits(logits, cfg.ar_top_k, cfg.ar_top_p, cfg.ar_min_p)
+        tok = sample_categorical(torch.softmax(logits / temperature, dim=-1), generator)
+    else:
+        tok = logits.argmax(dim=-1)
+    return tok, logp.gather(1, tok[:, None])[:, 0]
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -223,28 +248,23 @@ class ARWalk:
                 out.append(self.fim.end)
         return out
 
+    def _lane_bans(self) -> list[list[int]]:
+        """Each lane's tokens it may not write next: the scored draft's `_banned`, and the tokens that would repeat
+        an `ar_no_repeat`-gram the lane already wrote (every draft, continuations too: a 270M base loops at any
+        temperature we use)."""
+        common = self._banned() if self.scored else []
+        bans = [list(common) for _ in range(self.lanes)]
+        n = self.cfg.ar_no_repeat
+        if n and self.n >= n - 1:
+            heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
+            for k, head in enumerate(heads):
+                bans[k] += self.seen[k].get(tuple(head), ())
+        return bans
+
     def _sample(self, logits: Tensor) -> None:
         """Sample each lane's next token from its logits (K, V) and record it; a FIM lane that has ended writes
         `<|fim_end|>` again (fed, never read)."""
-        logits = logits.float()
-        logp = torch.log_softmax(logits, dim=-1)  # (K, V)
-        if self.scored:
-            logits = logits.clone()
-            logits[:, self._banned()] = _NEG
-        n = self.cfg.ar_no_repeat
-        if n and self.n >= n - 1:  # every draft, continuations too: a 270M base loops at any temperature we use
-            logits = logits.clone()
-            heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
-            for k, head in enumerate(heads):
-                again = self.seen[k].get(tuple(head))
-                if again:
-                    logits[k, list(again)] = _NEG
-        if self.temperature > 0:
-            logits = truncate_logits(logits, self.cfg.ar_top_k, self.cfg.ar_top_p, self.cfg.ar_min_p)
-            probs = torch.softmax(logits / self.temperature, dim=-1)
-            tok = sample_categorical(probs, self.generator)
-        else:
-            tok = logits.argmax(dim=-1)
+        tok, lp = draw(logits, self._lane_bans(), self.temperature, self.cfg, self.generator)
         i = self.n
         if self.fim is not None and self.fim_cache is not None:
             tok = torch.where(self.done, self.fim.end, tok)
@@ -257,7 +277,7 @@ class ARWalk:
             grams = self.tokens[:, i - n + 1 : i + 1].tolist()
             for k, gram in enumerate(grams):
                 self.seen[k].setdefault(tuple(gram[:-1]), set()).add(gram[-1])
-        self.lp[:, i] = logp.gather(1, tok[:, None])[:, 0]
+        self.lp[:, i] = lp
         # The leading draft is shown while drafts grow: the likeliest of those still writing.
         lead_score = self.lp[:, : i + 1].sum(1).masked_fill(self.done, _NEG) if not bool(self.done.all()) else None
         lead = self.lead = int(lead_score.argmax()) if lead_score is not None else 0

@@ -1,5 +1,5 @@
 """`dcanvas bench drafts` on the tiny preset: the batch step is timed through the engine's `ARBatch` with a lane of
-the shape `ARWalk` gives it, and every infill completes."""
+the shape `ARWalk` gives it, the lanes' draw beside it, and every infill completes."""
 
 from __future__ import annotations
 
@@ -19,5 +19,8 @@ def test_bench_drafts_times_the_batch_step_and_whole_infills() -> None:
     assert out["drafts"] == 3
     assert out["step_single_ms"] > 0 and out["step_batch_ms"] > 0
     assert out["step_ratio"] == out["step_batch_ms"] / out["step_single_ms"]
+    assert out["draw_single_ms"] > 0 and out["draw_batch_ms"] > 0
+    both = (out["step_batch_ms"] + out["draw_batch_ms"]) / (out["step_single_ms"] + out["draw_single_ms"])
+    assert abs(out["step_draw_ratio"] - both) < 1e-9
     assert set(out["infill_s"]) == {"6", "8"}
     assert all(w > 0 for gap in out["infill_s"].values() for w in gap.values())
