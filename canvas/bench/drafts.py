@@ -52,9 +52,9 @@ def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:
     cfg = model.config
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(3, cfg.vocab_size, (1, args.prompt), generator=g)
-    out, context = model.encode(ctx, cache=model.new_cache(1, args.prompt + 1), logits="last")
-    assert out is not None
-    last = out[0, -1].float()  # (V,): the logits a draw reads
+    head, context = model.encode(ctx, cache=model.new_cache(1, args.prompt + 1), logits="last")
+    assert head is not None
+    last = head[0, -1].float()  # (V,): the logits a draw reads
     def step_time(k: int) -> float:
         """Median seconds of one batched step of k lanes of the context: the engine's per-step AR call."""
         steps = 16
