@@ -50,13 +50,21 @@ def draw_tokens_ref(logits: torch.Tensor, u: torch.Tensor, temperature: float, m
     if min_p > 0:  # p / p_max < min_p  <=>  logit < max logit + log(min_p)
         floor = masked.max(dim=-1, keepdim=True).values + math.log(min_p)  # (K, 1)
         masked = masked.masked_fill(masked < floor, -math.inf)
-    probs = torch.softmax(masked / temperature, dim=-1)  # (K, V)
-    cum = probs.cumsum(dim=-1)  # (K, V)
+    tok = inverse_cdf(torch.softmax(masked / temperature, dim=-1), u)  # (K,)
+    return tok, logp.gather(1, tok[:, None])[:, 0]
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One index a row of probs (K, V) (non-negative, any positive sum) at the uniforms u (K,) in [0, 1) -> (K,).
+
+    Never an index of zero probability: the target is kept below the total (u * total may round up to it), and the
+    first cumulative sum above it belongs to a token whose probability is positive. Any device.
+    """
+    cum = probs.float().cumsum(dim=-1)  # (K, V)
     total = cum[:, -1:]  # (K, 1)
     target = u[:, None].to(cum.dtype) * total
-    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))  # u * total may round up
-    tok = torch.searchsorted(cum, target, right=True)[:, 0]  # (K,)
-    return tok, logp.gather(1, tok[:, None])[:, 0]
+    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cum, target, right=True)[:, 0]
 
 
 def _check(logits: torch.Tensor, u: torch.Tensor, temperature: float, min_p: float, bans: Bans | None) -> None:

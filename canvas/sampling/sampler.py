@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from canvas.sampling.modes import EXTRA_FILE, Mode
+from kernels.sample_cpu import inverse_cdf
 from kernels.sampler_step import sampler_step
 
 
@@ -212,12 +213,8 @@ def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) 
     sum at a uniform draw. Why not `torch.multinomial`: on the CPU it draws V random numbers a row (~19 ms for 8 rows
     of a 98k vocabulary, more than the decode step it follows); this draws one (0.3 ms). Never returns an index of
     zero probability: the draw is kept below the total, and the first cumulative sum above it belongs to a token
-    whose probability is positive."""
-    cum = probs.float().cumsum(dim=-1)  # (K, V)
-    total = cum[:, -1:]  # (K, 1)
-    u = torch.rand(total.shape, generator=generator, device=probs.device) * total
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # rand * total may round up to total
-    return torch.searchsorted(cum, u, right=True)[:, 0]
+    whose probability is positive (`kernels.sample_cpu.inverse_cdf`)."""
+    return inverse_cdf(probs, torch.rand(probs.shape[0], generator=generator, device=probs.device))
 
 
 _EXTRA_KEYS = ("gap_min_fill", "ar_temperature", "ar_long_gap", "ar_temperature_long", "fim", "ar_drafts",

@@ -126,7 +126,7 @@ def test_sample_categorical_at_the_ends_of_the_uniform_draw(monkeypatch: pytest.
 
     probs = torch.tensor([[0.0, 0.25, 0.75, 0.0, 0.0]])
     for u, want in ((0.0, 1), (1.0, 2)):
-        monkeypatch.setattr(sampler.torch, "rand", lambda shape, **_: torch.full(shape, u))  # noqa: B023
+        monkeypatch.setattr(sampler.torch, "rand", lambda n, **_: torch.full((n,), u))  # noqa: B023
         assert sampler.sample_categorical(probs).tolist() == [want]
 
 
