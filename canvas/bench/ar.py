@@ -56,6 +56,7 @@ from canvas.model.cpu import configure_allocator, configure_threads, dtype_name,
 from canvas.model.decode import DecodeCompiler, attend_one, compile_setting
 from canvas.model.int8 import SCHEMES, DecodeCopies, Scheme, decode_copies, quantize_decode, restore_decode, scheme_for
 from canvas.model.io import read_config
+from canvas.sampling.modes import load_mode_defaults
 
 SPLIT = ("layers", "attention", "head", "sampler", "python")
 
@@ -340,7 +341,8 @@ def llama_bench(binary: Path, gguf: Path, *, prompt: int, tokens: int, threads: 
 def _model(args: argparse.Namespace) -> DiffusionModel:
     if args.model is not None:
         path = Path(args.model)
-        dtype = resolve_dtype(args.dtype, params=parameter_count(read_config(path)))
+        dtype = resolve_dtype(args.dtype, params=parameter_count(read_config(path)),
+                              decodes=load_mode_defaults(path).decodes)
         return load_pretrained(path, dtype=dtype)
     cfg = ModelConfig.from_name(args.preset)
     dtype = resolve_dtype(args.dtype, params=parameter_count(cfg))

@@ -139,7 +139,8 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     """Load the model and tokenizer in `model_dir` and start nothing yet (the server starts the engine).
 
     `dtype` "auto" picks what this CPU computes fastest (`canvas.model.cpu`: bf16 on AMX / avx512_bf16 CPUs where a
-    probe confirms it, fp32 elsewhere and for small models; `DCANVAS_DTYPE` overrides). `threads` sets torch's
+    probe confirms it, fp32 elsewhere, for small models and for models that decode left to right by default;
+    `DCANVAS_DTYPE` overrides). `threads` sets torch's
     intra-op threads, by default to the physical cores this process may use. The process's allocator keeps large
     freed blocks for reuse from here on (`canvas.model.cpu.configure_allocator`). An fp32 model of 50M parameters or
     more gets int8 weights for its AR decode steps (`canvas.model.int8.scheme_for`; `DCANVAS_DECODE_INT8=off|weight|
@@ -159,7 +160,9 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
         raise FileNotFoundError(f"{path}: no config.json; is this a dcanvas model directory?")
     configure_threads(threads)  # before the probe in resolve_dtype, which times at this thread count
     configure_allocator()
-    model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path))))
+    mode_defaults = load_mode_defaults(path)
+    model = load_pretrained(path, dtype=resolve_dtype(dtype, params=parameter_count(read_config(path)),
+                                                      decodes=mode_defaults.decodes))
     scheme = scheme_for(model)  # DCANVAS_DECODE_INT8, else int8 "weight" for large fp32 models (canvas.model.int8)
     if scheme is not None:
         quantize_decode(model, scheme)
@@ -182,7 +185,7 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
         eos_id=eos_id,
         null_id=null_id,
         sampler_defaults=sampler_defaults,
-        mode_defaults=load_mode_defaults(path),
+        mode_defaults=mode_defaults,
     )
 
 

@@ -451,11 +451,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
+    from canvas.bench.common import machine
     from canvas.convert.resolve import ModelUnavailable, resolve_model
     from canvas.engine.backend import load_backend
     from canvas.eval.choice import choose_defaults, write_defaults
     from canvas.eval.judge import JudgeError, load_judge
     from canvas.eval.report import card_section, markdown, update_card
+    from canvas.model.cpu import dtype_name
 
     console = Console(stderr=True)
 
@@ -503,6 +505,9 @@ def run(args: argparse.Namespace) -> int:
             return fail(str(exc))
     result["data"] = str(held_out)
     result["threads"] = torch.get_num_threads()
+    # Beside every figure: the CPU kind and what the model ran in (its seconds depend on both).
+    model = backend.engine.model
+    result["machine"] = {**machine(), "dtype": dtype_name(model.dtype), "decode_int8": model.decode_int8}
     if args.write_defaults:
         result["defaults_choice"] = choice = choose_defaults(result["results"], cfg.speed_scale)
         result["defaults_written"] = written = write_defaults(Path(model_dir), choice, result["sweep"])

@@ -10,7 +10,12 @@ Rule for `dtype="auto"` (nothing is assumed, everything is read or measured):
 - fp32 for models under `AUTO_BF16_MIN_PARAMS` parameters: they step in milliseconds either way (the embedded
   canvas-6m over a 158-slot window: 11.8 ms fp32, 8.3 ms bf16 on a 2-core avx512_bf16 EPYC), so bf16's rounding
   buys nothing that matters, and fp32 keeps their results (the embedded model's sampler defaults were tuned in
-  fp32; the tiny random test models) the same on every machine.
+  fp32; the tiny random test models) the same on every machine;
+- fp32 for a model that decodes left to right by default (`decodes`: its default modes are AR) where the q8 decode
+  kernel builds: its one-token steps then run the fp32 path's fused kernels with q8 weights, which the bf16 path
+  has no counterpart of. On a 2-core AMX Xeon the AR step of the 96k Gemma build takes 12.3 ms in fp32 and 39.7 ms
+  in bf16, though bf16 GEMMs run 3.5x fp32's there (BENCHMARKS.md, issues 29 and 31); prefill and the diffusion decoder
+  lose some speed (1,208 against 1,460 tok/s of prefill), which a one-token-a-step infill never makes up for.
 `DCANVAS_DTYPE=fp32|bf16|auto` overrides "auto" process-wide; an explicit "fp32"/"bf16" argument wins over it (as
 `DCANVAS_KERNELS` does for kernels). Only callers that serve a model ask for "auto" (`load_backend`): the loaders
 default to fp32, so parity tests and every comparison against transformers stay fp32.
@@ -28,6 +33,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
+
+from kernels import q8_gemm
 
 if TYPE_CHECKING:
     from canvas.model.config import ModelConfig
@@ -110,9 +117,11 @@ def prefers_bf16() -> bool:
     return cpu_kind() in ("amx", "avx512_bf16", "arm_bf16") and bf16_probe().bf16_faster
 
 
-def resolve_dtype(choice: DtypeChoice | str = "auto", *, params: int | None = None) -> torch.dtype:
+def resolve_dtype(choice: DtypeChoice | str = "auto", *, params: int | None = None,
+                  decodes: bool = False) -> torch.dtype:
     """The torch dtype for `choice`; "auto" reads `DCANVAS_DTYPE`, then decides by the rule of the module docstring
-    (`params`: the model's parameter count, for the small-model rule; None skips that rule)."""
+    (`params`: the model's parameter count, for the small-model rule, None skips it; `decodes`: the model's default
+    modes decode left to right, for the decode rule)."""
     if choice not in ("auto", *_DTYPES):
         raise ValueError(f"dtype must be 'auto', 'fp32' or 'bf16', got {choice!r}")
     if choice == "auto":
@@ -123,6 +132,8 @@ def resolve_dtype(choice: DtypeChoice | str = "auto", *, params: int | None = No
     if choice != "auto":
         return _DTYPES[choice]
     if params is not None and params < AUTO_BF16_MIN_PARAMS:
+        return torch.float32
+    if decodes and q8_gemm.available():  # builds the kernel on the first call
         return torch.float32
     return torch.bfloat16 if prefers_bf16() else torch.float32
 

@@ -71,6 +71,12 @@ class ModeDefaults:
             return mode
         return self.infill if kind == "infill" else self.continuation
 
+    @property
+    def decodes(self) -> bool:
+        """Whether a request that names no mode can decode left to right (some kind's default is AR): what the
+        served dtype is chosen for (`canvas.model.cpu.resolve_dtype`)."""
+        return "ar" in (self.infill, self.continuation)
+
     def to_extra(self) -> dict[str, str]:
         """The EXTRA_FILE keys of these defaults."""
         return {MODE_KEYS[k]: getattr(self, k) for k in KINDS}

@@ -593,6 +593,9 @@ def test_cli_json_and_errors(model_dir: Path, judge_dir: Path, docs: list[tuple[
     )
     result = json.loads(capsys.readouterr().out)
     assert result["sweep"] is None and "judge_ppl_ratio_infill_ar" not in result
+    # what the figures were taken on: the tiny model is under the bf16 size rule, so fp32 on every CPU, no int8
+    assert result["machine"]["dtype"] == "fp32" and result["machine"]["decode_int8"] is None
+    assert result["machine"]["cpu_kind"] in ("amx", "avx512_bf16", "arm_bf16", "avx2", "other")
     assert result == json.loads(out_file.read_text()) | {"wall_s": result["wall_s"]}
     assert main([*common, "--data", str(data), "--samples", "1", "--gaps", "4", "--sweep-task", "infill-4"]) == 0
     md = capsys.readouterr().out

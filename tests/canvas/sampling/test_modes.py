@@ -52,6 +52,11 @@ def test_resolve_honours_a_named_mode_and_else_takes_the_kind_default() -> None:
         ModeDefaults(infill="beam")  # type: ignore[arg-type]
 
 
+def test_a_model_decodes_by_default_where_either_kind_defaults_to_ar() -> None:
+    assert SPLIT.decodes and ModeDefaults("diffusion", "ar").decodes and ModeDefaults("ar", "ar").decodes
+    assert not ModeDefaults().decodes
+
+
 def test_defaults_are_read_from_and_merged_into_the_extra_file(tmp_path: Path) -> None:
     assert load_mode_defaults(tmp_path) == ModeDefaults()  # no file
     (tmp_path / EXTRA_FILE).write_text(json.dumps({"gap_min_fill": 0.5, "ar_temperature": 0.7}))
