@@ -1,5 +1,6 @@
 """Build and load of the CPU C++ kernels (`q8_gemm.cpp`, `rmsnorm_cpu.cpp`, `attend_cpu.cpp`, `act_cpu.cpp`,
-`sample_cpu.cpp`, bound in `_cpp_bindings.cpp`; `cpu_math.h` their shared vector math).
+`sample_cpu.cpp`, bound in `_cpp_bindings.cpp`; `cpu_math.h` their shared vector math; `q8_amx.h` the q8 GEMM's AMX
+path).
 
 Owns `build_isa` (which instruction-set path this machine compiles), `extension` (the built module, or None) and
 `build_error`. One extension module holds every CPU kernel, so a machine compiles once (~40 s with g++ on 2 cores):

@@ -7,6 +7,7 @@
 torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const torch::Tensor& wscale,
                       const c10::optional<torch::Tensor>& kmask);
 std::string q8_isa();
+bool q8_amx(bool wanted);
 torch::Tensor rms_norm_fused(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps,
                              const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& scale);
 
@@ -24,6 +25,8 @@ torch::Tensor softcap_(torch::Tensor& x, double cap);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_gemm", &q8_gemm, "x (M, K) fp32 (times kmask (K,)) @ (packed Q8 weight, scale (N,)).T -> (M, N) fp32",
         pybind11::arg("x"), pybind11::arg("wq"), pybind11::arg("wscale"), pybind11::arg("kmask") = pybind11::none());
+  m.def("q8_amx", &q8_amx, "use AMX tiles for q8 GEMMs of 8 rows or more where the CPU and OS allow (the default); "
+        "returns whether they are in use now");
   m.def("isa", &q8_isa, "the instruction set this build's inner loops use");
   m.def("attend_one", &attend_one, "one query a row (B, H, D) over keys / values (B, G, S, D) (+ one extra each), "
         "rows of one leader sharing slots [shared_lo, shared_hi)", pybind11::arg("q"), pybind11::arg("keys"),

@@ -5,7 +5,8 @@ Run: `python -m kernels.cpu_bench [--threads N] [--reps R] [--json]`. For each p
 Gemma-3-270M (q/k/v 1548x640, attention output 640x1032, MLP gate/up 4096x640 and down 640x2048, the 96k head
 98304x640) at M = 1, 8 and 256 rows it times, interleaved rep by rep (so load on a shared machine falls on all
 alike): `q8_linear` (C++), torch's weight-only int8 (`aten._weight_int8pack_mm`, bf16 activations: the "weight"
-decode scheme) and fp32 `F.linear`; then the decode step's norm (8 rows of 640) fused against torch's, and the
+decode scheme) and fp32 `F.linear`, and where the CPU has AMX the same q8 call with the tiles off (its VNNI path,
+"vnni"); then the decode step's norm (8 rows of 640) fused against torch's, and the
 gated GELU (gate/up of 2 x 2048) and the logit soft-cap (98304 logits) at 1 and 16 rows against torch's, and the
 decode step's attention (`kernels.attend_cpu`, 4 query heads over 1 KV head of 256, 290 cached keys and the ring's
 own) for one row, 8 drafts sharing one context and 8 distinct rows against its torch reference, and the drafts' token
@@ -34,7 +35,7 @@ from kernels._cpp import build_isa
 from kernels.act_cpu import gelu_mul, gelu_mul_ref, softcap_, softcap_ref
 from kernels.attend_cpu import attend_one
 from kernels.bench import _git_sha
-from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight
+from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight, use_amx
 from kernels.rmsnorm_cpu import rms_norm_fused
 from kernels.sample_cpu import draw_tokens, draw_tokens_ref
 
@@ -45,12 +46,18 @@ SHAPES = [("qkv", 1548, 640), ("o_proj", 640, 1032), ("gate_up", 4096, 640), ("d
           ("head", 98304, 640)]
 
 
-def _interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
-    for fn in fns.values():
+def _interleaved(fns: dict[str, Callable[[], Any]], reps: int,
+                 prepare: Callable[[str], Any] | None = None) -> dict[str, list[float]]:
+    """Each of `fns` `reps` times, rep by rep, in ms; `prepare(name)` runs untimed before each call."""
+    for k, fn in fns.items():
+        if prepare is not None:
+            prepare(k)
         fn()  # warm-up: packing, allocator, thread pool
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
+            if prepare is not None:
+                prepare(k)
             t0 = time.perf_counter()
             fn()
             times[k].append((time.perf_counter() - t0) * 1e3)
@@ -58,10 +65,17 @@ def _interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list
 
 
 def _fns(x: torch.Tensor, w: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, xb: torch.Tensor, w8: torch.Tensor,
-         s8: torch.Tensor) -> dict[str, Callable[[], Any]]:
-    return {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
-            "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
-            "fp32": lambda: F.linear(x, w)}
+         s8: torch.Tensor, amx: bool) -> dict[str, Callable[[], Any]]:
+    fns: dict[str, Callable[[], Any]] = {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
+                                         "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
+                                         "fp32": lambda: F.linear(x, w)}
+    if amx:
+        fns["vnni"] = fns["q8"]  # the same call, run with the tiles off (`_amx_off_for_vnni`, untimed)
+    return fns
+
+
+def _amx_off_for_vnni(name: str) -> None:
+    use_amx(name != "vnni")
 
 
 def _act_fns(gu: torch.Tensor, logits: torch.Tensor) -> dict[str, Callable[[], Any]]:
@@ -126,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     ok = True
+    amx = use_amx(True)
     for name, N, K in SHAPES:
         w = torch.randn(N, K, generator=g) * 0.05
         wq, ws = quantize_weight(w)
@@ -139,13 +154,19 @@ def main(argv: list[str] | None = None) -> int:
             err = float((q8_linear(x, wq, ws, impl="cpp") - ref).abs().max()) / max(1e-9, float(ref.abs().max()))
             ok &= err < 1e-4
             xb = F.pad(x.bfloat16(), (0, pad))
-            t = _interleaved(_fns(x, w, wq, ws, xb, w8, s8), args.reps)
+            t = _interleaved(_fns(x, w, wq, ws, xb, w8, s8, False), args.reps)
+            if amx:  # q8 with and without the tiles as a pair of their own: after the fp32 call the next runs cold
+                pair = _fns(x, w, wq, ws, xb, w8, s8, True)
+                both = _interleaved({k: pair[k] for k in ("q8", "vnni")}, args.reps, _amx_off_for_vnni)
+                t |= {"q8_amx": both["q8"], "vnni": both["vnni"]}
             best = {k: min(v) for k, v in t.items()}
             rows.append({"op": name, "N": N, "K": K, "M": M, "rel_err": err,
                          **{f"{k}_ms": statistics.median(v) for k, v in t.items()},
                          **{f"{k}_best_ms": b for k, b in best.items()},
                          "q8_weight_gb_s": N * K / (best["q8"] * 1e-3) / 1e9,
-                         "q8_vs_int8pack": best["int8pack"] / best["q8"], "q8_vs_fp32": best["fp32"] / best["q8"]})
+                         "q8_vs_int8pack": best["int8pack"] / best["q8"], "q8_vs_fp32": best["fp32"] / best["q8"],
+                         **({"q8_vs_vnni": best["vnni"] / best["q8_amx"]} if amx else {})})
+    use_amx(amx)  # the last call above may have been the VNNI one
     x, res, nw, sc = torch.randn(8, 640), torch.randn(8, 640), torch.randn(640), torch.tensor([0.5])
     t = _interleaved({"fused": lambda: rms_norm_fused(x, nw, 1e-6, res, sc, impl="cpp"),
                       "torch": lambda: (res + F.rms_norm(x, (640,), nw, 1e-6)) * sc}, args.reps * 20)
@@ -159,15 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     ok &= all(a["rel_err"] < 1e-5 for a in attention)
     draws = _draws(args.reps, g)
     ok &= all(d["same_tokens"] for d in draws)
-    out = {"isa": build_isa(), "torch": torch.__version__, "threads": torch.get_num_threads(), "git_sha": _git_sha(),
-           "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts, "attention": attention, "draws": draws}
+    out = {"isa": build_isa(), "amx": amx, "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "git_sha": _git_sha(), "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts,
+           "attention": attention, "draws": draws}
     if not args.json:
         print(f"{'op':<8} {'N':>6} {'K':>5} {'M':>4} {'q8 ms':>8} {'int8pack':>9} {'fp32':>8} {'q8 GB/s':>8} "
-              f"{'vs int8pack':>11} {'vs fp32':>8}  (best of {args.reps}, interleaved; medians in the JSON)")
+              f"{'vs int8pack':>11} {'vs fp32':>8}{' vs no-AMX' if amx else ''}  (best of {args.reps}, interleaved; "
+              "medians in the JSON)")
         for r in rows:
             print(f"{r['op']:<8} {r['N']:>6} {r['K']:>5} {r['M']:>4} {r['q8_best_ms']:>8.3f} "
                   f"{r['int8pack_best_ms']:>9.3f} {r['fp32_best_ms']:>8.3f} {r['q8_weight_gb_s']:>8.1f} "
-                  f"{r['q8_vs_int8pack']:>10.2f}x {r['q8_vs_fp32']:>7.2f}x")
+                  f"{r['q8_vs_int8pack']:>10.2f}x {r['q8_vs_fp32']:>7.2f}x"
+                  + (f" {r['q8_vs_vnni']:>8.2f}x" if amx else ""))
         print(f"norm, 8 rows of 640 with residual and scale: fused {norm['fused_best_us']:.1f} us, "
               f"torch {norm['torch_best_us']:.1f} us")
         for a in acts:

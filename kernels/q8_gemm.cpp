@@ -32,6 +32,14 @@
 // the block's two scales, in block order. The AVX2 path keeps two partial sums a channel until the end, and the
 // torch reference is a float GEMM of the dequantised operands: they agree to fp32 rounding, not bit for bit.
 //
+// AMX (where the CPU has amx_int8 and the OS grants the tile state; `q8_amx(false)` turns it off): from 4 rows up, rows
+// in tiles of 8 run on the tile unit. The packed group above is exactly an AMX B tile: a block of 32 along K is 8
+// rows of 64 bytes (4 bytes of K for 16 channels), so `tdpbsud` (signed activations x unsigned weights) takes it
+// straight from the weights, 8 rows x 16 channels x 32 K in one instruction, into an int32 tile; the tile is stored
+// to L1 and each row's 16 sums get the same bias, convert and FMA as the VNNI path, in the same order: the output
+// is bit for bit the VNNI path's (the int32 block sums are exact either way). Why: at 8 rows the VNNI loop spends
+// 8 `vpdpbusd` a row per group and block, the tile one instruction for all 8 rows, which leaves the conversions.
+//
 // Memory: no heap allocation per call beyond the output (the quantised activations live in thread-local buffers
 // that grow to the largest call). Threads: at::parallel_for over tiles of channel groups (torch's intra-op pool,
 // its OpenMP runtime); each tile of weights is read once from memory and reused from cache for every row of x.
@@ -42,6 +50,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -49,6 +58,12 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define Q8_AVX512_VNNI 1
 #include <immintrin.h>
+#if defined(__linux__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+#define Q8_AMX 1  // compiled per function (target attribute); used only where cpuid and the kernel allow it
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #define Q8_AVX2 1
 #include <immintrin.h>
@@ -338,7 +353,21 @@ void run(const Args& a, int64_t groups) {
   });
 }
 
+#if Q8_AMX
+#include "q8_amx.h"  // the AMX tile path: needs Args, tile and rows above
+#endif
+
 }  // namespace
+
+bool q8_amx(bool wanted) {
+#if Q8_AMX
+  amx_wanted = wanted;
+  return wanted && amx_granted();
+#else
+  (void)wanted;
+  return false;
+#endif
+}
 
 std::string q8_isa() {
 #if Q8_AVX512_VNNI
@@ -373,6 +402,12 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
   const Args a{wq.data_ptr<uint8_t>(), qx.q.data(), qx.d.data(), qx.bias.data(),
                reinterpret_cast<const uint16_t*>(wscale.data_ptr<at::BFloat16>()), out.data_ptr<float>(), M, N, Kp,
                Kp / QK};
+#if Q8_AMX
+  if (M >= AR && amx_wanted && amx_granted()) {
+    run_amx(a, G);
+    return out;
+  }
+#endif
 #if Q8_AVX512_VNNI
   if (M >= 4) {
     run<4, 3>(a, G);

@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from kernels._cpp import ISA_ENV, auto_impl, build_error, build_isa, extension
 
 __all__ = ["GROUP", "ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "live_columns", "q8_linear",
-           "q8_linear_cpp", "q8_linear_ref", "quantize_activations_ref", "quantize_weight", "unpack_weight"]
+           "q8_linear_cpp", "q8_linear_ref", "quantize_activations_ref", "quantize_weight", "unpack_weight",
+           "use_amx"]
 
 Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
@@ -57,6 +58,14 @@ GROUP = 16  # output channels per packed group: the 16 int32 lanes of one 512-bi
 def available() -> bool:
     """Whether the C++ kernel builds and loads on this machine (builds it on the first call)."""
     return extension() is not None
+
+
+def use_amx(wanted: bool = True) -> bool:
+    """Let the kernel run batches of 8 rows or more on AMX tiles (the default) or not; returns whether it will: the
+    CPU has amx_int8, the OS granted the tile state and the kernel built. The output is the VNNI path's bit for bit
+    either way (`q8_gemm.cpp`), so this only ever changes speed. `DCANVAS_Q8_AMX=off` sets the default to off."""
+    mod = extension()
+    return bool(mod.q8_amx(wanted)) if mod is not None else False
 
 
 def kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor] | None:

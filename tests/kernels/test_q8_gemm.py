@@ -108,6 +108,30 @@ def test_kernel_matches_ref(M: int, K: int, N: int, gen: torch.Generator) -> Non
 
 
 @needs_kernel
+def test_amx_tiles_give_the_vnni_paths_output_bit_for_bit(gen: torch.Generator) -> None:
+    """From 8 rows up the kernel runs on AMX tiles where the CPU has them (int32 block sums, exact either way, then the
+    same scaling in the same order): the output must not move by one ulp. Rows past the last full tile of 8, group
+    tails and short last blocks included; kmask too."""
+    if not q8_gemm.use_amx(True):
+        pytest.skip("no AMX here (CPU flags, OS permission or the build)")
+    try:
+        for M, K, N in [(8, 640, 2048), (9, 45, 9), (13, 1032, 100), (16, 640, 4099), (23, 70, 33), (256, 160, 70)]:
+            x, w = _inputs(M, K, N, gen)
+            w[:, 1] = 0
+            wq, ws = quantize_weight(w)
+            kmask = live_columns(w)
+            tiles = q8_linear(x, wq, ws, impl="cpp", kmask=kmask)
+            assert not q8_gemm.use_amx(False)
+            vnni = q8_linear(x, wq, ws, impl="cpp", kmask=kmask)
+            assert q8_gemm.use_amx(True)
+            assert torch.equal(tiles, vnni), (M, K, N)
+            ref = q8_linear_ref(x, wq, ws, kmask)
+            torch.testing.assert_close(tiles, ref, **_tol(ref))
+    finally:
+        q8_gemm.use_amx(True)
+
+
+@needs_kernel
 def test_kernel_leading_dims_and_zero_rows(gen: torch.Generator) -> None:
     x, w = _inputs(6, 64, 10, gen)
     wq, ws = quantize_weight(w)
