@@ -1,5 +1,5 @@
 // The AMX tile path of q8_gemm.cpp (see "AMX" in its header comment), included by it inside its anonymous namespace
-// after the VNNI path: it uses that file's Args, tile, rows, QK, GN, GB and PF, and is compiled only in its AVX-512
+// after the VNNI path: it uses that file's Args, tile, rows, start_tile, block_scales, QK, GN, GB and PF, and is compiled only in its AVX-512
 // VNNI build (Q8_AMX), per function for the tile instructions, so the binary runs on CPUs without AMX.
 //
 // Owns: amx_granted (cpuid and the OS permission, asked once per process), amx_wanted (q8_amx, DCANVAS_Q8_AMX),
@@ -91,15 +91,8 @@ __attribute__((target("amx-tile,amx-int8"))) inline void amx_block(const Args& a
 template <int NT>
 __attribute__((target("amx-tile,amx-int8"))) void amx_tile(const Args& a, int64_t m, int64_t g, int32_t* c) {
   __mmask16 live[NT];
-  for (int t = 0; t < NT; ++t) {
-    const int64_t n = std::min<int64_t>(GN, a.N - (g + t) * GN);
-    live[t] = n >= GN ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
-  }
   __m512 acc[AR][NT];
-#pragma GCC unroll 8
-  for (int i = 0; i < AR; ++i)
-#pragma GCC unroll 2
-    for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
+  start_tile(a, g, acc, live);
   constexpr int64_t half = AT * AR * GN;
   amx_block<NT, 2>(a, m, g, 0, c);
   for (int64_t b = 0; b < a.nb; ++b) {
@@ -112,10 +105,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_tile(const Args& a, int64_
     }
     const int32_t* cb = c + (b % 2) * half;
     __m512 sc[NT];
-    for (int t = 0; t < NT; ++t) {
-      const __m256i bits = _mm256_maskz_loadu_epi16(live[t], a.ws + b * a.N + (g + t) * GN);
-      sc[t] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    }
+    for (int t = 0; t < NT; ++t) sc[t] = block_scales(a, b, g + t, live[t]);
 #pragma GCC unroll 8
     for (int i = 0; i < AR; ++i) {
       const __m512i bias = _mm512_set1_epi32(a.xb[(m + i) * a.nb + b]);

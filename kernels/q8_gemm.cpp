@@ -167,22 +167,37 @@ struct Args {
 };
 
 #if Q8_AVX512_VNNI
+// The real channels of group `group` (the last group of an N that is not a multiple of 16 has fewer).
+inline __mmask16 live_mask(const Args& a, int64_t group) {
+  const int64_t n = std::min<int64_t>(GN, a.N - group * GN);
+  return n >= GN ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// Block b's weight scales of group `group`, 16 channels: bf16 -> fp32 is a 16-bit shift.
+inline __m512 block_scales(const Args& a, int64_t b, int64_t group, __mmask16 live) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(live, a.ws + b * a.N + group * GN);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// Accumulators to zero and the groups' live channels: the start of every tile (VNNI and AMX).
+template <int R, int NT>
+inline void start_tile(const Args& a, int64_t g, __m512 (&acc)[R][NT], __mmask16 (&live)[NT]) {
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) live[t] = live_mask(a, g + t);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
+}
+
 // MT activation rows from m x NT channel groups from g: 2 * MT * NT accumulators + NT weight registers (<= 32).
 template <int MT, int NT>
 inline void tile(const Args& a, int64_t m, int64_t g) {
   const int64_t gstride = (a.Kp / 4) * GB;  // bytes of one packed group
   const uint8_t* w = a.w + g * gstride;
-  __mmask16 live[NT];  // the group's real channels (the last group of an N that is not a multiple of 16 has fewer)
-#pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) {
-    const int64_t n = std::min<int64_t>(GN, a.N - (g + t) * GN);
-    live[t] = n >= GN ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
-  }
+  __mmask16 live[NT];
   __m512 acc[MT][NT];
-#pragma GCC unroll 8
-  for (int i = 0; i < MT; ++i)
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
+  start_tile(a, g, acc, live);
   for (int64_t b = 0; b < a.nb; ++b) {
     __m512i dot[MT][NT];
 #pragma GCC unroll 8
@@ -215,12 +230,9 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
         for (int t = 0; t < NT; ++t) dot[i][t] = _mm512_dpbusd_epi32(dot[i][t], wv[t], xv);
       }
     }
-    __m512 sc[NT];  // the block's weight scales, 16 channels a group: bf16 -> fp32 is a 16-bit shift
+    __m512 sc[NT];
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const __m256i bits = _mm256_maskz_loadu_epi16(live[t], a.ws + b * a.N + (g + t) * GN);
-      sc[t] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    }
+    for (int t = 0; t < NT; ++t) sc[t] = block_scales(a, b, g + t, live[t]);
 #pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) {
       const __m512 dv = _mm512_set1_ps(a.xd[(m + i) * a.nb + b]);
