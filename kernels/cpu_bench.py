@@ -65,13 +65,10 @@ def _interleaved(fns: dict[str, Callable[[], Any]], reps: int,
 
 
 def _fns(x: torch.Tensor, w: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, xb: torch.Tensor, w8: torch.Tensor,
-         s8: torch.Tensor, amx: bool) -> dict[str, Callable[[], Any]]:
-    fns: dict[str, Callable[[], Any]] = {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
-                                         "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
-                                         "fp32": lambda: F.linear(x, w)}
-    if amx:
-        fns["vnni"] = fns["q8"]  # the same call, run with the tiles off (`_amx_off_for_vnni`, untimed)
-    return fns
+         s8: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    return {"q8": lambda: q8_linear(x, wq, ws, impl="cpp"),
+            "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(xb, w8, s8),
+            "fp32": lambda: F.linear(x, w)}
 
 
 def _amx_off_for_vnni(name: str) -> None:
@@ -154,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             err = float((q8_linear(x, wq, ws, impl="cpp") - ref).abs().max()) / max(1e-9, float(ref.abs().max()))
             ok &= err < 1e-4
             xb = F.pad(x.bfloat16(), (0, pad))
-            t = _interleaved(_fns(x, w, wq, ws, xb, w8, s8, False), args.reps)
-            if amx:  # q8 with and without the tiles as a pair of their own: after the fp32 call the next runs cold
-                pair = _fns(x, w, wq, ws, xb, w8, s8, True)
-                both = _interleaved({k: pair[k] for k in ("q8", "vnni")}, args.reps, _amx_off_for_vnni)
+            fns = _fns(x, w, wq, ws, xb, w8, s8)
+            t = _interleaved(fns, args.reps)
+            if amx:  # the same q8 call with and without the tiles (`_amx_off_for_vnni`, untimed), as a pair of their
+                # own: after the fp32 call the next one runs on a cold cache
+                both = _interleaved({"q8": fns["q8"], "vnni": fns["q8"]}, args.reps, _amx_off_for_vnni)
                 t |= {"q8_amx": both["q8"], "vnni": both["vnni"]}
             best = {k: min(v) for k, v in t.items()}
             rows.append({"op": name, "N": N, "K": K, "M": M, "rel_err": err,

@@ -1,6 +1,7 @@
 // The AMX tile path of q8_gemm.cpp (see "AMX" in its header comment), included by it inside its anonymous namespace
-// after the VNNI path: it uses that file's Args, tile, rows, start_tile, block_scales, QK, GN, GB and PF, and is compiled only in its AVX-512
-// VNNI build (Q8_AMX), per function for the tile instructions, so the binary runs on CPUs without AMX.
+// after the VNNI path: it uses that file's Args, rows, start_tile, block_scales, task_grain, QK, GN, GB and PF. It is
+// compiled only in its AVX-512 VNNI build (Q8_AMX), per function for the tile instructions, so the binary runs on CPUs
+// without AMX.
 //
 // Owns: amx_granted (cpuid and the OS permission, asked once per process), amx_wanted (q8_amx, DCANVAS_Q8_AMX),
 // the tile configuration, and run_amx (the GEMM for 8 rows or more). Invariant: its output is the VNNI path's bit
@@ -151,7 +152,5 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_task(const Args& a, int64_
 
 void run_amx(const Args& a, int64_t groups) {
   const int64_t tiles = (groups + AT - 1) / AT;
-  const int64_t bytes = AT * (a.Kp / 4) * GB * std::max<int64_t>(1, a.M / 4);
-  const int64_t grain = std::max<int64_t>(1, 65536 / bytes);
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) { amx_task(a, groups, t0, t1); });
+  at::parallel_for(0, tiles, task_grain(a, AT), [&](int64_t t0, int64_t t1) { amx_task(a, groups, t0, t1); });
 }

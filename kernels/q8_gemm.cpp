@@ -32,13 +32,14 @@
 // the block's two scales, in block order. The AVX2 path keeps two partial sums a channel until the end, and the
 // torch reference is a float GEMM of the dequantised operands: they agree to fp32 rounding, not bit for bit.
 //
-// AMX (where the CPU has amx_int8 and the OS grants the tile state; `q8_amx(false)` turns it off): from 4 rows up, rows
-// in tiles of 8 run on the tile unit. The packed group above is exactly an AMX B tile: a block of 32 along K is 8
-// rows of 64 bytes (4 bytes of K for 16 channels), so `tdpbsud` (signed activations x unsigned weights) takes it
-// straight from the weights, 8 rows x 16 channels x 32 K in one instruction, into an int32 tile; the tile is stored
-// to L1 and each row's 16 sums get the same bias, convert and FMA as the VNNI path, in the same order: the output
-// is bit for bit the VNNI path's (the int32 block sums are exact either way). Why: at 8 rows the VNNI loop spends
-// 8 `vpdpbusd` a row per group and block, the tile one instruction for all 8 rows, which leaves the conversions.
+// AMX (where the CPU has amx_int8 and the OS grants the tile state; `q8_amx(false)` turns it off): from 8 rows up, rows
+// in tiles of 8 run on the tile unit (the last M % 8 on VNNI). The packed group above is exactly an AMX B tile: a
+// block of 32 along K is 8 rows of 64 bytes (4 bytes of K for 16 channels), so `tdpbsud` (signed activations x
+// unsigned weights) takes it straight from the weights, 8 rows x 16 channels x 32 K in one instruction, into an int32
+// tile; the tile is stored to L1 and each row's 16 sums get the same bias, convert and FMA as the VNNI path, in the
+// same order: the output is bit for bit the VNNI path's (the int32 block sums are exact either way). Why: at 8 rows
+// the VNNI loop spends 8 `vpdpbusd` a row per group and block, the tile one instruction for all 8 rows, which leaves
+// the conversions.
 //
 // Memory: no heap allocation per call beyond the output (the quantised activations live in thread-local buffers
 // that grow to the largest call). Threads: at::parallel_for over tiles of channel groups (torch's intra-op pool,
@@ -347,13 +348,16 @@ inline void rows(const Args& a, int64_t g) {
 // Register budget (AVX-512: 32 zmm): a tile of MT rows x NT groups holds 2 * MT * NT accumulators and NT weight
 // registers. One to three rows: 4 groups (64 channels: enough independent dot chains to hide vpdpbusd's latency);
 // four or more: 4 rows x 3 groups (28 registers; each weight register feeds 4 dot products).
+// Tiles of `nt` groups a task: enough work to amortise waking a thread, ~64 KB of weights (more rows: less).
+inline int64_t task_grain(const Args& a, int64_t nt) {
+  const int64_t bytes = nt * (a.Kp / 4) * GB * std::max<int64_t>(1, a.M / 4);
+  return std::max<int64_t>(1, 65536 / bytes);
+}
+
 template <int MT_MAX, int NT>
 void run(const Args& a, int64_t groups) {
   const int64_t tiles = (groups + NT - 1) / NT;
-  // Enough work per task to amortise waking a thread: ~64 KB of weights (more rows: less).
-  const int64_t bytes = NT * (a.Kp / 4) * GB * std::max<int64_t>(1, a.M / 4);
-  const int64_t grain = std::max<int64_t>(1, 65536 / bytes);
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tiles, task_grain(a, NT), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t g = t * NT;
       if (g + NT <= groups) {
