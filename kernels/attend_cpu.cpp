@@ -38,10 +38,22 @@
 namespace {
 
 constexpr int RMAX = 8;  // query heads a KV head serves, at most (Gemma-3-270M: 4)
+// Keys are scored in blocks of 4 with the rows kAhead keys on prefetched; values are weighed in blocks of kValueBlock
+// rows (16 KB at D = 256: in L1 across the block's passes over D and the query heads, where one pass over every key
+// per 64 dims read each value row four times, from L2 at best), the next block prefetched meanwhile. On the 8-row
+// decode step of Gemma-3-270M this took the step from 28.7 to 25.8 ms (BENCHMARKS.md, issue 31).
+constexpr int64_t kAhead = 8;
+constexpr int64_t kValueBlock = 16;
 
 #if ATT_AVX512
 using dcanvas_cpu::exp512;
 using dcanvas_cpu::tail_mask;
+
+// Every cache line of rows [from, to) (D floats each, rows `stride` apart) requested into L1.
+inline void prefetch_rows(const float* base, int64_t stride, int64_t from, int64_t to, int64_t D) {
+  for (int64_t j = from; j < to; ++j)
+    for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(base + j * stride + d), _MM_HINT_T0);
+}
 
 // [sum(v0), ..., sum(v7)] of eight 8-lane vectors.
 inline __m256 hsum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6, __m256 v7) {
@@ -97,6 +109,9 @@ inline void score_block(const float* const* q, int64_t nq, const float* kbase, i
                         float* p, int64_t ld) {
   for (int64_t s0 = 0; s0 < ns; s0 += 4) {
     const int nk = static_cast<int>(std::min<int64_t>(4, ns - s0));
+#if ATT_AVX512
+    prefetch_rows(kbase, kstride, std::min(ns, s0 + kAhead), std::min(ns, s0 + kAhead + 4), D);
+#endif
     const float* kptr[4];
     for (int j = 0; j < 4; ++j) kptr[j] = kbase + (s0 + std::min(j, nk - 1)) * kstride;
     for (int64_t i0 = 0; i0 < nq; i0 += 4) {
@@ -109,47 +124,52 @@ inline void score_block(const float* const* q, int64_t nq, const float* kbase, i
 }
 
 // out[i] += sum_s p[i * ld + s] * value s, for i < nq, s < ns, the values at vbase + s * vstride. AVX-512: a register
-// tile of 4 query heads x 64 dims (16 accumulators) runs over every key of the block, so each output vector is read
-// and written once per block, not once per 4 keys (the stores bound the kernel before), and each value vector
+// tile of 4 query heads x 64 dims (16 accumulators) runs over a block of kValueBlock keys, so each output vector is
+// read and written once per block, not once per 4 keys (the stores bound the kernel before), and each value vector
 // loaded feeds 4 FMAs. Masked keys weigh exactly 0 and the cache's values are finite: they add nothing.
 inline void weigh_block(const float* p, int64_t ld, int64_t nq, float* const* out, const float* vbase,
                         int64_t vstride, int64_t ns, int64_t D) {
 #if ATT_AVX512
-  for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    const __mmask16 m0 = tail_mask(D - d0), m1 = D - d0 > 16 ? tail_mask(D - d0 - 16) : 0,
-                    m2 = D - d0 > 32 ? tail_mask(D - d0 - 32) : 0, m3 = D - d0 > 48 ? tail_mask(D - d0 - 48) : 0;
-    for (int64_t i0 = 0; i0 < nq; i0 += 4) {
-      const int n = static_cast<int>(std::min<int64_t>(4, nq - i0));
-      const float* w0 = p + i0 * ld;  // a short block repeats its last query head
-      const float* w1 = p + (i0 + std::min(1, n - 1)) * ld;
-      const float* w2 = p + (i0 + std::min(2, n - 1)) * ld;
-      const float* w3 = p + (i0 + std::min(3, n - 1)) * ld;
-      __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
-             a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
-      const float* v = vbase + d0;
-      for (int64_t s = 0; s < ns; ++s, v += vstride) {
-        const __m512 v0 = _mm512_maskz_loadu_ps(m0, v), v1 = _mm512_maskz_loadu_ps(m1, v + 16),
-                     v2 = _mm512_maskz_loadu_ps(m2, v + 32), v3 = _mm512_maskz_loadu_ps(m3, v + 48);
-        __m512 w = _mm512_set1_ps(w0[s]);
-        a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
-        a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
-        w = _mm512_set1_ps(w1[s]);
-        a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
-        a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
-        w = _mm512_set1_ps(w2[s]);
-        a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
-        a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
-        w = _mm512_set1_ps(w3[s]);
-        a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
-        a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
-      }
-      const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23},
-                                {a30, a31, a32, a33}};
-      const __mmask16 mk[4] = {m0, m1, m2, m3};
-      for (int i = 0; i < n; ++i) {
-        float* o = out[i0 + i] + d0;
-        for (int j = 0; j < 4; ++j)
-          _mm512_mask_storeu_ps(o + 16 * j, mk[j], _mm512_add_ps(_mm512_maskz_loadu_ps(mk[j], o + 16 * j), acc[i][j]));
+  for (int64_t sb = 0; sb < ns; sb += kValueBlock) {
+    const int64_t se = std::min(ns, sb + kValueBlock);
+    prefetch_rows(vbase, vstride, se, std::min(ns, se + kValueBlock), D);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const __mmask16 m0 = tail_mask(D - d0), m1 = D - d0 > 16 ? tail_mask(D - d0 - 16) : 0,
+                      m2 = D - d0 > 32 ? tail_mask(D - d0 - 32) : 0, m3 = D - d0 > 48 ? tail_mask(D - d0 - 48) : 0;
+      for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+        const int n = static_cast<int>(std::min<int64_t>(4, nq - i0));
+        const float* w0 = p + i0 * ld;  // a short block repeats its last query head
+        const float* w1 = p + (i0 + std::min(1, n - 1)) * ld;
+        const float* w2 = p + (i0 + std::min(2, n - 1)) * ld;
+        const float* w3 = p + (i0 + std::min(3, n - 1)) * ld;
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
+               a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        const float* v = vbase + sb * vstride + d0;
+        for (int64_t s = sb; s < se; ++s, v += vstride) {
+          const __m512 v0 = _mm512_maskz_loadu_ps(m0, v), v1 = _mm512_maskz_loadu_ps(m1, v + 16),
+                       v2 = _mm512_maskz_loadu_ps(m2, v + 32), v3 = _mm512_maskz_loadu_ps(m3, v + 48);
+          __m512 w = _mm512_set1_ps(w0[s]);
+          a00 = _mm512_fmadd_ps(w, v0, a00), a01 = _mm512_fmadd_ps(w, v1, a01);
+          a02 = _mm512_fmadd_ps(w, v2, a02), a03 = _mm512_fmadd_ps(w, v3, a03);
+          w = _mm512_set1_ps(w1[s]);
+          a10 = _mm512_fmadd_ps(w, v0, a10), a11 = _mm512_fmadd_ps(w, v1, a11);
+          a12 = _mm512_fmadd_ps(w, v2, a12), a13 = _mm512_fmadd_ps(w, v3, a13);
+          w = _mm512_set1_ps(w2[s]);
+          a20 = _mm512_fmadd_ps(w, v0, a20), a21 = _mm512_fmadd_ps(w, v1, a21);
+          a22 = _mm512_fmadd_ps(w, v2, a22), a23 = _mm512_fmadd_ps(w, v3, a23);
+          w = _mm512_set1_ps(w3[s]);
+          a30 = _mm512_fmadd_ps(w, v0, a30), a31 = _mm512_fmadd_ps(w, v1, a31);
+          a32 = _mm512_fmadd_ps(w, v2, a32), a33 = _mm512_fmadd_ps(w, v3, a33);
+        }
+        const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23},
+                                  {a30, a31, a32, a33}};
+        const __mmask16 mk[4] = {m0, m1, m2, m3};
+        for (int i = 0; i < n; ++i) {
+          float* o = out[i0 + i] + d0;
+          for (int j = 0; j < 4; ++j)
+            _mm512_mask_storeu_ps(o + 16 * j, mk[j],
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(mk[j], o + 16 * j), acc[i][j]));
+        }
       }
     }
   }
