@@ -39,15 +39,11 @@ inline __m512 recip(__m512 d) {
 
 // tanh(x) lane by lane, to a few ulp relative everywhere: Cephes' tanhf, an odd polynomial below |x| = 0.625 (where
 // 1 - 2 / (exp(2x) + 1) would cancel: its absolute error ~1e-7 is all of a small result), that formula above
-// (saturating to +-1).
+// (saturating to +-1). When every lane is below 0.625 the exp is skipped (the same result: the blend would take the
+// polynomial everywhere): the soft-capped logits' x / cap mostly are, and the exp is most of the work.
 inline __m512 tanh512(__m512 x) {
   const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
   const __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 e = exp512(_mm512_add_ps(ax, ax));
-  const __m512 big = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), recip(_mm512_add_ps(e, one)), one);  // 1 - 2 / (e + 1)
-  const __m512 signed_big =
-      _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), _mm512_and_si512(sign, _mm512_castps_si512(x))));
   const __m512 z = _mm512_mul_ps(x, x);
   __m512 q = _mm512_set1_ps(-5.70498872745E-3f);
   q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.06390887954E-2f));
@@ -55,7 +51,14 @@ inline __m512 tanh512(__m512 x) {
   q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.33314422036E-1f));
   q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-3.33332819422E-1f));
   const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(q, z), x, x);
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ), signed_big, small);
+  const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
+  if (is_small == 0xFFFF) return small;
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = exp512(_mm512_add_ps(ax, ax));
+  const __m512 big = _mm512_fnmadd_ps(_mm512_set1_ps(2.f), recip(_mm512_add_ps(e, one)), one);  // 1 - 2 / (e + 1)
+  const __m512 signed_big =
+      _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big), _mm512_and_si512(sign, _mm512_castps_si512(x))));
+  return _mm512_mask_blend_ps(is_small, signed_big, small);
 }
 
 // The first min(n, 16) lanes.

@@ -2,11 +2,12 @@
 // drawn token's log-probability, in a few passes over each row.
 //
 // Owned by kernels/sample_cpu.py (reference, validating launcher). Contract: logits (K, V) fp32 with unit column
-// stride (any row stride, 0 included: K lanes drafting from one context's logits), u (K,) fp32 in [0, 1), inv_temp >
+// stride (any row stride, 0 included: K lanes drafting from one context's logits), u (K,) fp32 in [0, 1), inv_temp >=
 // 0, min_p in [0, 1], bans as CSR (offsets (K + 1,) int64, ids (N,) int64 in [0, V)). Per row k: the allowed logits
 // are the row without its bans; those under max(allowed) + log(min_p) are cut (none when min_p is 0); each remaining
 // token weighs exp((x - max(allowed)) * inv_temp), and the token drawn is the first whose running weight passes
-// u[k] times the total (kept below the total: a token of zero weight is never drawn). Returns (tok (K,) int64,
+// u[k] times the total (kept below the total: a token of zero weight is never drawn). inv_temp 0 is greedy: the first
+// allowed token of the largest logit (torch's argmax over the allowed row; u is not read). Returns (tok (K,) int64,
 // logp (K,) fp32): logp is the drawn token's log-softmax over the raw row at temperature 1, bans included (the
 // drafting frame's likelihood).
 // Why: in torch the same draw is ~8 passes over (K, V) with a (K, V) tensor allocated for most (log_softmax, the
@@ -129,6 +130,22 @@ int64_t invert(const float* w, int64_t V, double target) {
   return j;
 }
 
+// The first index of x[0, V) holding `top` (which x holds).
+int64_t first_of(const float* x, int64_t V, float top) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  const __m512 vtop = _mm512_set1_ps(top);
+  for (; j < V; j += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(tail_mask(V - j), x + j), vtop, _CMP_EQ_OQ) &
+                          tail_mask(V - j);
+    if (hit != 0) return j + __builtin_ctz(hit);
+  }
+#endif
+  for (; j < V; ++j)
+    if (x[j] == top) return j;
+  return V - 1;  // unreachable: top is one of x's values
+}
+
 }  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor> draw_tokens(const torch::Tensor& logits, const torch::Tensor& u,
@@ -144,7 +161,7 @@ std::tuple<torch::Tensor, torch::Tensor> draw_tokens(const torch::Tensor& logits
                   ban_offsets.is_contiguous() && ban_ids.dim() == 1 && ban_ids.scalar_type() == torch::kInt64 &&
                   ban_ids.is_contiguous(),
               "draw_tokens: bans must be CSR int64 tensors: offsets (K + 1,), ids (N,)");
-  TORCH_CHECK(inv_temp > 0 && min_p >= 0 && min_p <= 1, "draw_tokens: need inv_temp > 0 and min_p in [0, 1]");
+  TORCH_CHECK(inv_temp >= 0 && min_p >= 0 && min_p <= 1, "draw_tokens: need inv_temp >= 0 and min_p in [0, 1]");
   const float* lp = logits.data_ptr<float>();
   const int64_t row_stride = logits.stride(0);
   const float* up = u.data_ptr<float>();
@@ -179,6 +196,12 @@ std::tuple<torch::Tensor, torch::Tensor> draw_tokens(const torch::Tensor& logits
       }
       const auto [top, allowed] = max_and_expsum(buf, V, m_raw);
       TORCH_CHECK(top > -kInf, "draw_tokens: every token of a row is banned");
+      if (inv_temp == 0) {  // greedy: min-p never cuts the top token
+        const int64_t t = first_of(buf, V, top);
+        tp[k] = t;
+        gp[k] = static_cast<float>(row[t] - m_raw - std::log(allowed + banned));
+        continue;
+      }
       // Without min-p the floor still excludes the bans' -inf (and any -inf logit).
       const float floor = log_min_p > -kInf ? top + log_min_p : std::numeric_limits<float>::lowest();
       const double total = weigh(buf, V, top, static_cast<float>(inv_temp), floor);

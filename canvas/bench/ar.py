@@ -8,10 +8,11 @@
 Owns the AR measurements, all in the dtype the server would pick (`--dtype auto`: `canvas.model.cpu`'s rule):
 - prefill: `--prompt` tokens through `DiffusionModel.encode` into a fresh static cache, last position's logits;
 - decode at batch 1 and batch `--batch`: `--tokens` greedy steps after that prefix, each one `encode` of (B, 1)
-  ids with the cache plus the argmax of its logits (what the engine's AR step runs at temperature 0);
+  ids with the cache plus the greedy token draw the engine's AR step runs at temperature 0 (`canvas.engine.ar.draw`:
+  the token and its log-probability, no bans);
 - the batch-1 step split: layers (projections, norms, MLP, experts, cache writes), attention over the cache (the
   decode step's attention calls alone, at the cache's shapes), head (final norm, LM head, softcap), sampler
-  (argmax), and Python / dispatch: the step's wall minus the time spent in operators, i.e. what torch's profiler
+  (that draw), and Python / dispatch: the step's wall minus the time spent in operators, i.e. what torch's profiler
   attributes to aten ops plus the wall of the C++ kernels' calls (`kernels._cpp`'s, timed by wrapping their entry
   points: they are pybind calls the profiler does not see); an estimate, the profiler adds a little to both.
   Layers is what remains of `encode(logits="none")` after attention and Python.
@@ -51,13 +52,16 @@ from typing import Any
 
 import torch
 
+from canvas.engine.ar import draw
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
 from canvas.model.decode import DecodeCompiler, attend_one, compile_setting
 from canvas.model.int8 import SCHEMES, DecodeCopies, Scheme, decode_copies, quantize_decode, restore_decode, scheme_for
 from canvas.model.io import read_config
 from canvas.sampling.modes import load_mode_defaults
+from canvas.sampling.sampler import SamplerConfig
 
+_GREEDY = SamplerConfig()  # temperature 0 reads none of its truncation settings
 SPLIT = ("layers", "attention", "head", "sampler", "python")
 
 
@@ -89,6 +93,12 @@ def _median_s(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(_wall_s(fn) for _ in range(runs))
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The engine's greedy draw of one token a row from logits (B, V), without bans -> (B, 1)."""
+    tok, _ = draw(logits, [[]] * logits.shape[0], 0.0, _GREEDY, None)
+    return tok[:, None]
+
+
 def _prefix(model: DiffusionModel, shape: ArShape, batch: int) -> tuple[torch.Tensor, KVCache]:
     """A prefilled cache of `batch` rows with room for the decode steps, and the first tokens to feed (B, 1)."""
     g = torch.Generator().manual_seed(0)
@@ -118,7 +128,7 @@ def decode_variants_s(model: DiffusionModel, shape: ArShape, batch: int,
         for _ in range(shape.tokens):
             logits, _ = model.encode(tok, cache=cache, logits="last")
             assert logits is not None
-            tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            tok = greedy(logits[:, -1])  # (B, 1)
         return (time.perf_counter() - t0) / shape.tokens
 
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -216,7 +226,7 @@ def step_split(model: DiffusionModel, shape: ArShape) -> dict[str, float]:
     parts = {
         "attention": _median_s(attention, shape.runs),
         "head": _median_s(lambda: model.logits(h, quant), shape.runs),
-        "sampler": _median_s(lambda: logits.argmax(-1, keepdim=True), shape.runs),
+        "sampler": _median_s(lambda: greedy(logits), shape.runs),
         "python": max(0.0, body - ops),
     }
     parts["layers"] = max(0.0, body - parts["attention"] - parts["python"])

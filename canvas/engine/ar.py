@@ -75,10 +75,12 @@ def draw(logits: Tensor, bans: Sequence[Sequence[int]], temperature: float, cfg:
     (0: greedy), and the token's log-probability at temperature 1 before the bans (the drafting frame's):
     (tok (K,), logp (K,)). Uses one uniform a lane from `generator`, as `sample_categorical` does."""
     logits = logits.float()
-    if temperature > 0 and logits.device.type == "cpu" and cfg.ar_top_k <= 0 and cfg.ar_top_p >= 1:
-        u = torch.rand(logits.shape[0], generator=generator)  # (K,)
+    if logits.device.type == "cpu" and (temperature == 0 or (cfg.ar_top_k <= 0 and cfg.ar_top_p >= 1)):
+        # Greedy reads no uniform (the generator's stream stays as the torch chain leaves it); top-k / top-p never
+        # cut the likeliest token.
+        u = torch.rand(logits.shape[0], generator=generator) if temperature > 0 else logits.new_zeros(logits.shape[0])
         return draw_tokens(logits, u, temperature, cfg.ar_min_p, bans)  # one fused pass a lane
-    # Greedy, a GPU, or llama.cpp's top-k / top-p (per request): the torch chain.
+    # A GPU, or llama.cpp's top-k / top-p (per request) at a temperature: the torch chain.
     logp = torch.log_softmax(logits, dim=-1)  # (K, V)
     if any(bans):
         logits = logits.clone()

@@ -38,6 +38,25 @@ def test_draw_matches_ref(rows: int, vocab: int, temperature: float, min_p: floa
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows,vocab", [(1, 96000), (8, 96000), (3, 17), (5, 16)])
+def test_greedy_matches_ref(rows: int, vocab: int, gen: torch.Generator) -> None:
+    """Temperature 0: the first largest allowed logit, ties included, whatever u and min-p say."""
+    logits = torch.randn(rows, vocab, generator=gen).round()  # rounded: many ties for the top
+    bans = _bans(rows, vocab, gen)
+    logits[0, bans[0][0]] = 50.0  # the banned likeliest token loses to the best allowed one
+    logits[-1, vocab // 2] = logits[-1, vocab - 2] = 40.0  # a tie at the top: the first one wins
+    u = torch.rand(rows, generator=gen)
+    want_tok, want_lp = draw_tokens_ref(logits, u, 0.0, 0.3, bans)
+    tok, lp = draw_tokens(logits, u, 0.0, 0.3, bans, impl="cpp")
+    assert torch.equal(tok, want_tok)
+    torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
+    masked = logits.clone()
+    for k, ids in enumerate(bans):
+        masked[k, ids] = -math.inf
+    assert torch.equal(tok, masked.argmax(-1)) and int(tok[-1]) == vocab // 2
+
+
+@needs_kernel
 def test_one_context_rows_and_the_edges_of_u(gen: torch.Generator) -> None:
     """Lanes drafting from one context's logits (an expanded row, stride 0) draw by their own uniforms; u = 0 takes
     the first token of positive weight and u just under 1 the last, never a cut or banned one."""
@@ -74,7 +93,9 @@ def test_bad_inputs_raise(gen: torch.Generator) -> None:
     x = torch.randn(2, 8, generator=gen)
     u = torch.rand(2, generator=gen)
     with pytest.raises(ValueError, match="temperature"):
-        draw_tokens(x, u, 0.0, impl="ref")
+        draw_tokens(x, u, -0.5, impl="ref")
+    with pytest.raises(ValueError, match="temperature"):
+        draw_tokens(x, u, float("nan"), impl="ref")
     with pytest.raises(ValueError, match="min_p"):
         draw_tokens(x, u, 1.0, 1.5, impl="ref")
     with pytest.raises(ValueError, match="u must"):
