@@ -31,18 +31,18 @@ the prefix), `read_bandwidth` times a sum over a 256 MB tensor (best of 5, this 
 step's time, against that, says how near memory speed the step runs.
 Every figure is the median of `--runs` runs. `--against-llama PATH` runs that `llama-bench` binary on the GGUF of
 the same weights (`--gguf`, default: the Q4_K_M file `dcanvas model build` joined into its cache) at the same
-thread count and prompt, in the same run, and prints our / its tok/s. llama.cpp is only a yardstick: never a
-dependency; its head is Gemma 3's full vocabulary, ours the model directory's. The last line is one JSON object
-with the machine (CPU kind, flags, torch, git sha); figures from a shared machine read high.
+thread count and prompt, in the same run, and prints our / its tok/s; where `llama-batched-bench` was built beside
+it, also its batch-`--batch` step over its batch-1 step on as many distinct sequences (`canvas.bench.llama`).
+llama.cpp is only a yardstick: never a dependency; its head is Gemma 3's full vocabulary, ours the model directory's.
+The last line is one JSON object with the machine (CPU kind, flags, torch, git sha); figures from a shared machine
+read high.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from canvas.bench.llama import BATCHED, LlamaBenchError, default_gguf, llama_batched, llama_bench
 from canvas.engine.ar import draw
 from canvas.model import PRESETS, DiffusionModel, KVCache, ModelConfig, load_pretrained
 from canvas.model.cpu import configure_allocator, configure_threads, dtype_name, parameter_count, resolve_dtype
@@ -63,10 +64,6 @@ from canvas.sampling.sampler import SamplerConfig
 
 _GREEDY = SamplerConfig()  # temperature 0 reads none of its truncation settings
 SPLIT = ("layers", "attention", "head", "sampler", "python")
-
-
-class LlamaBenchError(RuntimeError):
-    """`llama-bench` could not be run or its output not read (the message says which)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,42 +308,6 @@ def read_bandwidth() -> float:
     return a.numel() * a.element_size() / min(_wall_s(a.sum) for _ in range(5))
 
 
-# ---- llama.cpp ------------------------------------------------------------------------------------------------------
-def default_gguf() -> Path | None:
-    """The Gemma 3 GGUF `dcanvas model build` joined into its cache, when there is one."""
-    from canvas.convert.build import cache_root
-
-    found = sorted((cache_root() / "gemma3").glob("*.gguf"))
-    return found[0] if found else None
-
-
-def llama_bench(binary: Path, gguf: Path, *, prompt: int, tokens: int, threads: int, runs: int) -> dict[str, Any]:
-    """Run `llama-bench` (prefill of `prompt` tokens, `tokens` decode steps at batch 1) and read its JSON:
-    {"prefill_tok_s", "decode_tok_s", "build", "model_type", "cpu_info"}."""
-    exe = shutil.which(str(binary))
-    if exe is None:
-        raise LlamaBenchError(f"{binary}: no such executable (build llama.cpp's llama-bench target)")
-    if not gguf.is_file():
-        raise LlamaBenchError(f"{gguf}: no such GGUF file")
-    cmd = [exe, "-m", str(gguf), "-p", str(prompt), "-n", str(tokens), "-t", str(threads), "-r", str(runs),
-           "-o", "json"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-    except subprocess.TimeoutExpired:
-        raise LlamaBenchError(f"{' '.join(cmd)} ran over 30 minutes") from None
-    if done.returncode != 0:
-        raise LlamaBenchError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    try:
-        rows = json.loads(done.stdout)
-        prefill = next(r for r in rows if r["n_prompt"] == prompt and r["n_gen"] == 0)
-        decode = next(r for r in rows if r["n_gen"] == tokens and r["n_prompt"] == 0)
-    except (ValueError, KeyError, TypeError, StopIteration):
-        raise LlamaBenchError(f"unreadable llama-bench output: {done.stdout[:300]!r}") from None
-    return {"prefill_tok_s": float(prefill["avg_ts"]), "decode_tok_s": float(decode["avg_ts"]),
-            "build": prefill.get("build_commit"), "model_type": prefill.get("model_type"),
-            "cpu_info": prefill.get("cpu_info"), "threads": threads, "command": cmd}
-
-
 # ---- the command ----------------------------------------------------------------------------------------------------
 def _model(args: argparse.Namespace) -> DiffusionModel:
     if args.model is not None:
@@ -481,6 +442,11 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
                             threads=torch.get_num_threads(), runs=shape.runs)
         llama["decode_ratio"] = out["decode_b1_tok_s"] / llama["decode_tok_s"]
         llama["prefill_ratio"] = out["prefill_tok_s"] / llama["prefill_tok_s"]
+        # Its batch ratio, where llama-batched-bench was built beside llama-bench: the same B distinct sequences.
+        beside = Path(llama["command"][0]).with_name(BATCHED)
+        llama["batched"] = (llama_batched(beside, Path(gguf), prompt=shape.prompt, tokens=shape.tokens,
+                                          batch=shape.batch, threads=torch.get_num_threads())
+                            if beside.is_file() else None)
         out["llama"] = llama
         rows += [
             ("llama.cpp decode batch 1, tok/s", f"{llama['decode_tok_s']:.1f} ({llama['model_type']})"),
@@ -488,6 +454,10 @@ def bench_ar(args: argparse.Namespace) -> dict[str, Any]:
             (f"llama.cpp prefill {shape.prompt}, tok/s", f"{llama['prefill_tok_s']:.0f}"),
             ("ours / llama.cpp prefill (goal >= 1.5)", f"{llama['prefill_ratio']:.2f}"),
         ]
+        batched = llama["batched"]
+        rows.append((f"llama.cpp batch-{shape.batch} step / batch-1 step (ms)",
+                     f"{batched['ratio']:.2f} ({batched['batch_step_ms']:.1f} / {batched['b1_step_ms']:.1f})"
+                     if batched is not None else f"not run: no {BATCHED} beside llama-bench"))
     out["machine"] = {**machine(), "simd": simd_flags()}
     print_table(f"AR decoding, {out['model']}, {out['dtype']}, {torch.get_num_threads()} threads "
                 f"(median of {shape.runs}; CPU {', '.join(out['machine']['simd']) or out['machine']['cpu_kind']})",
@@ -516,7 +486,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: the usable cores)")
     parser.add_argument("--against-llama", metavar="LLAMA_BENCH", default=None,
-                        help="a llama.cpp llama-bench binary to run on the same weights' GGUF")
+                        help="a llama.cpp llama-bench binary to run on the same weights' GGUF (and the "
+                             "llama-batched-bench beside it, when built)")
     parser.add_argument("--gguf", type=Path, default=None, help="the GGUF for --against-llama")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(func=_run)
@@ -533,4 +504,4 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["ArShape", "LlamaBenchError", "bench_ar", "decode_s", "llama_bench", "prefill_s", "register", "step_split"]
+__all__ = ["ArShape", "bench_ar", "decode_s", "greedy", "prefill_s", "register", "step_split"]

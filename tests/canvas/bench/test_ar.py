@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from canvas.bench.ar import SPLIT, ArShape, LlamaBenchError, bench_ar, decode_bytes, llama_bench, register
+from canvas.bench.ar import SPLIT, ArShape, bench_ar, decode_bytes, register
+from canvas.bench.llama import LlamaBenchError, llama_bench
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.model.int8 import quantize_decode
+from tests.canvas.bench.llama_fakes import fake_batched
 
 
 def _args(*extra: str) -> argparse.Namespace:
@@ -78,6 +80,20 @@ def test_against_llama_reads_its_json_and_prints_the_ratio(tmp_path: Path) -> No
     argv = (tmp_path / "argv").read_text().split()
     assert argv[argv.index("-p") + 1] == "12" and argv[argv.index("-n") + 1] == "3"
     assert argv[argv.index("-t") + 1] == "1" and argv[argv.index("-m") + 1] == str(gguf)
+    assert llama["batched"] is None  # no llama-batched-bench beside it: its batch ratio is not run
+
+
+def test_against_llama_runs_the_batched_bench_beside_it(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    exe = _fake_llama_bench(tmp_path, [{"n_prompt": 12, "n_gen": 0, "avg_ts": 400.0},
+                                       {"n_prompt": 0, "n_gen": 3, "avg_ts": 40.0}])
+    fake_batched(tmp_path, prompt=12, tokens=3, batch=3, steps_s=(0.03, 0.06))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = bench_ar(_args("--against-llama", str(exe), "--gguf", str(gguf)))
+    batched = out["llama"]["batched"]
+    assert batched["batch"] == 3 and batched["ratio"] == pytest.approx(2.0)
+    assert batched["b1_step_ms"] == pytest.approx(30.0) and batched["batch_step_ms"] == pytest.approx(60.0)
 
 
 def test_llama_bench_errors_are_typed(tmp_path: Path) -> None:
