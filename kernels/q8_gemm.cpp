@@ -29,8 +29,8 @@
 // the 8 dot products they hold sum w*x exactly. (The AVX2 and scalar paths subtract 128 from the weights instead.)
 //
 // Numerics: exact int32 dot products per block of 32, fp32 accumulation of the block results times the product of
-// the block's two scales, in block order. The AVX2 path keeps two partial sums a channel until the end, and the
-// torch reference is a float GEMM of the dequantised operands: they agree to fp32 rounding, not bit for bit.
+// the block's two scales, in block order (the AVX2 path too: its output is the VNNI path's bit for bit). The torch
+// reference is a float GEMM of the dequantised operands: the kernel agrees with it to fp32 rounding, not bit for bit.
 //
 // AMX (where the CPU has amx_int8 and the OS grants the tile state; `q8_amx(false)` turns it off): from 8 rows up, rows
 // in tiles of 8 run on the tile unit (the last M % 8 on VNNI). The packed group above is exactly an AMX B tile: a
@@ -110,6 +110,31 @@ inline void quantize_block(const float* x, const float* km, int64_t n, int8_t* q
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
   *bias = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  *d = dd;
+#elif Q8_AVX2
+  // The same operations as above, 8 lanes at a time: one rounding for x * inv, then to the nearest integer, ties to
+  // even (the MXCSR default), so both paths quantise alike (a scalar x * inv + 1.5 * 2^23 may be fused into one FMA
+  // and round differently).
+  alignas(32) float xm[QK] = {};
+  for (int64_t i = 0; i < n; ++i) xm[i] = km != nullptr ? x[i] * km[i] : x[i];
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 mx = _mm256_setzero_ps();
+  for (int j = 0; j < QK / 8; ++j) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_load_ps(xm + 8 * j), abs_mask));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  const float amax = *std::max_element(lanes, lanes + 8);
+  const float dd = amax / 127.f;
+  const __m256 inv = _mm256_set1_ps(dd > 0.f ? 1.f / dd : 0.f);
+  alignas(32) int32_t qi[QK];
+  for (int j = 0; j < QK / 8; ++j)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(qi + 8 * j),
+                       _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(xm + 8 * j), inv)));
+  int32_t sum = 0;
+  for (int i = 0; i < QK; ++i) {
+    q[i] = static_cast<int8_t>(qi[i]);
+    sum += qi[i];
+  }
+  *bias = -128 * sum;
   *d = dd;
 #else
   float xm[QK];
@@ -250,60 +275,62 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
   }
 }
 #elif Q8_AVX2
-// AVX2 has no unsigned x signed byte dot without int16 saturation (`maddubs` saturates at 255 * 127 * 2), so the
-// weights widen to int16 less their offset and `madd_epi16` sums pairs of K into int32 (exact): a ymm holds 4
-// channels x 2 partial sums, and the pairs are added at the end. One row at a time (16 ymm registers).
+// AVX2 has no dot of unsigned by signed bytes that cannot saturate: `maddubs` multiplies them into int16 pairs, and
+// 255 * 127 * 2 overflows int16. So, as llama.cpp's Q8_0 dot does, the weights are made signed (u XOR 0x80 = u - 128
+// = w) and their sign moved onto the activations: |w| (<= 128 as unsigned) times sign(w) * x (|x| <= 127) sums a pair
+// to at most 2 * 128 * 127 < 2^15, exact; `madd` with ones sums the pairs into int32. A ymm holds 8 channels x 4
+// bytes of K, and each weight vector's |w| and sign serve the tile's MT rows (the weights are read once per tile).
+// The block's exact int32 sums then get the VNNI path's convert and FMA by the two scales, in block order, into a
+// small fp32 buffer: the output is the VNNI path's bit for bit.
 template <int MT, int NT>
 inline void tile(const Args& a, int64_t m, int64_t g) {
-  static_assert(MT == 1 && NT == 1, "the AVX2 path tiles one row by one group");
+  static_assert(NT == 1, "the AVX2 path tiles one group of 16 channels");
   const uint8_t* w = a.w + g * (a.Kp / 4) * GB;
-  const int8_t* xq = a.xq + m * a.Kp;
-  const __m256i off = _mm256_set1_epi16(128);
-  const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
   const int64_t live = std::min<int64_t>(GN, a.N - g * GN);
-  alignas(16) uint16_t tail[GN];
-  __m256 acc[4];
-  for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_ps();
+  alignas(32) float acc[MT][GN] = {};
+  alignas(32) uint16_t tail[GN];
   for (int64_t b = 0; b < a.nb; ++b) {
-    __m256i dot[4];
-    for (int j = 0; j < 4; ++j) dot[j] = _mm256_setzero_si256();
+    __m256i dot[MT][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < MT; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int s = 0; s < QK / 4; ++s) {
-      const int8_t* xs = xq + b * QK + s * 4;
-      const __m256i xv = _mm256_set1_epi64x(static_cast<int64_t>(static_cast<uint16_t>(xs[0])) |
-                                            static_cast<int64_t>(static_cast<uint16_t>(xs[1])) << 16 |
-                                            static_cast<int64_t>(static_cast<uint16_t>(xs[2])) << 32 |
-                                            static_cast<int64_t>(static_cast<uint16_t>(xs[3])) << 48);
       const uint8_t* ws = w + (b * (QK / 4) + s) * GB;
-      for (int j = 0; j < 4; ++j) {  // channels 4j..4j+3, 4 bytes of K each
-        const __m128i wb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + 16 * j));
-        const __m256i w16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(wb), off);
-        dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(w16, xv));
+      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws)), flip);
+      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + 32)), flip);
+      const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+#pragma GCC unroll 4
+      for (int i = 0; i < MT; ++i) {
+        int32_t x4;
+        std::memcpy(&x4, a.xq + (m + i) * a.Kp + b * QK + s * 4, 4);
+        const __m256i xv = _mm256_set1_epi32(x4);  // 4 bytes of K, for every channel
+        dot[i][0] = _mm256_add_epi32(dot[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, w0)),
+                                                                   ones));
+        dot[i][1] = _mm256_add_epi32(dot[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, w1)),
+                                                                   ones));
       }
     }
-    const __m256 dv = _mm256_set1_ps(a.xd[m * a.nb + b]);
     const uint16_t* wsb = a.ws + b * a.N + g * GN;  // the block's 16 channel scales (bf16)
     if (live < GN) {  // the last group of an N that is not a multiple of 16: never read past the row
       std::memset(tail, 0, sizeof(tail));
       std::memcpy(tail, wsb, live * sizeof(uint16_t));
       wsb = tail;
     }
-    for (int j = 0; j < 4; ++j) {
-      // channels 4j..4j+3's scales, each twice (the two partial sums a channel): bf16 bits into the high half of
-      // each 32-bit lane is the fp32 value; then lanes s0 s0 s1 s1 s2 s2 s3 s3
-      const __m128i bits = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wsb + 4 * j));
-      const __m256i f = _mm256_castsi128_si256(_mm_unpacklo_epi16(_mm_setzero_si128(), bits));
-      const __m256 sj = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(f, dup));
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(dv, sj), acc[j]);
+    __m256 sc[2];
+    for (int h = 0; h < 2; ++h)  // bf16 -> fp32 is a 16-bit shift
+      sc[h] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wsb + 8 * h))), 16));
+#pragma GCC unroll 4
+    for (int i = 0; i < MT; ++i) {
+      const __m256 dv = _mm256_set1_ps(a.xd[(m + i) * a.nb + b]);
+      for (int h = 0; h < 2; ++h)
+        _mm256_store_ps(acc[i] + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(dv, sc[h]),
+                                                        _mm256_load_ps(acc[i] + 8 * h)));
     }
   }
-  // acc[j] lanes: (c 4j, first half), (4j, second), (4j + 1, first), ...: add the pairs, channels in order.
-  float r[GN];
-  for (int h = 0; h < 2; ++h) {
-    const __m256 s = _mm256_hadd_ps(acc[2 * h], acc[2 * h + 1]);  // c0 c1 c4 c5 | c2 c3 c6 c7 (of these 8)
-    _mm256_storeu_ps(r + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xD8)));
-  }
-  const int64_t n = g * GN;
-  for (int64_t c = 0; c < GN && n + c < a.N; ++c) a.out[m * a.N + n + c] = r[c];
+  for (int i = 0; i < MT; ++i) std::memcpy(a.out + (m + i) * a.N + g * GN, acc[i], live * sizeof(float));
 }
 #else
 // Portable fallback: the same arithmetic, scalar.
@@ -430,6 +457,8 @@ torch::Tensor q8_gemm(const torch::Tensor& x, const torch::Tensor& wq, const tor
   } else {
     run<3, 4>(a, G);
   }
+#elif Q8_AVX2
+  run<4, 1>(a, G);
 #else
   run<1, 1>(a, G);
 #endif

@@ -5,7 +5,8 @@ Owns `Int8Linear` (one weight, quantised once: per output channel, or per block 
 (attaches them to a model's dense projections and its LM head), `decode_scheme` (the `DCANVAS_DECODE_INT8`
 setting), `scheme_for` (what a served model gets: "auto", the default, is "q8" for fp32 models of
 `AUTO_MIN_PARAMS` parameters or more), `q8_mm`,
-`decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark), `DECODE_ROWS` and `ROW_LIMITS`.
+`decode_copies` / `restore_decode` (swap two schemes' copies in a benchmark), `DECODE_ROWS`, `ROW_LIMITS` and
+`row_limit`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
 a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (the 32k
@@ -64,8 +65,19 @@ DECODE_ROWS = 16
 # steps only (their kernels lose to fp32's oneDNN GEMM at many rows, and prefill keeps exact fp32). "q8": every
 # `encode` pass, prefill included: its VNNI kernel beats fp32 at every row count measured (256 rows: 2.5-2.9x,
 # `python -m kernels.cpu_bench`), and its fidelity bound is measured with every pass through it (`dcanvas model
-# check --int8 q8`). The denoiser and training never use int8.
+# check --int8 q8`); where the kernel is built without VNNI (an AVX2-only CPU) only the decode steps (`row_limit`).
+# The denoiser and training never use int8.
 ROW_LIMITS: dict[Scheme, int] = {"weight": DECODE_ROWS, "dynamic": DECODE_ROWS, "q8": 1 << 30}
+
+
+def row_limit(scheme: Scheme) -> int:
+    """The most rows an encoder pass may have to run on `scheme`'s int8 weights on this machine: `ROW_LIMITS`, but
+    "q8" only for decode steps where its kernel lacks VNNI: the AVX2 path multiplies by int16 pairs, so oneDNN's
+    fp32 GEMM beats it at prefill's row counts (256-token prefill on AVX2 code paths: 302 tok/s through q8, 668
+    in fp32; BENCHMARKS.md, issue 31)."""
+    if scheme == "q8" and q8_gemm.build_isa() != "avx512_vnni":
+        return DECODE_ROWS
+    return ROW_LIMITS[scheme]
 _PACK_MULTIPLE = 16  # `_weight_int8pack_mm`'s reduced dimension must be a multiple of this
 
 

@@ -3,8 +3,8 @@
 - `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
   their window) and returns the AR next-token logits. Its decode step (T = 1, any B) builds no causal mask and
   appends sliding keys in place while the window has room (same values as the general path); passes of at most
-  the scheme's `ROW_LIMITS` rows (decode steps; for "q8" prefill too) go through int8 weight copies where
-  `canvas.model.int8.quantize_decode` attached them.
+  the scheme's `row_limit` rows (decode steps; for "q8" prefill too, where its kernel has VNNI) go through int8
+  weight copies where `canvas.model.int8.quantize_decode` attached them.
 - `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
   (softmax of the previous step's logits @ embeddings through a gated MLP) when given; skipped, exactly, while that
   MLP is all zeros (`SelfConditioning.inert`, a converted checkpoint). `logits_at` runs the final norm and the LM
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
 from canvas.model.decode import DecodeCompiler, decode_layers
-from canvas.model.int8 import ROW_LIMITS
+from canvas.model.int8 import row_limit
 from canvas.model.io import load_dir, save_pretrained
 from kernels.act_cpu import gelu_mul, softcap_
 from kernels.moe import fused_moe
@@ -294,11 +294,11 @@ class DiffusionModel(nn.Module):
     # ---- encoder ----------------------------------------------------------------------------------------------
     def int8_for(self, rows: int) -> bool:
         """Whether an encoder pass of `rows` (batch x tokens) rows runs on the int8 decode weights: the model has
-        them and `rows` is within its scheme's `ROW_LIMITS` (or `int8_rows`). `encode` and the seam scorer
-        (`canvas.engine.ar.seam_logprobs`, an encoder pass that reads a cache without writing it) ask it."""
+        them and `rows` is within its scheme's `row_limit` on this machine (or `int8_rows`). `encode` and the seam
+        scorer (`canvas.engine.ar.seam_logprobs`, an encoder pass that reads a cache without writing it) ask it."""
         if self.decode_int8 is None:
             return False
-        return rows <= (ROW_LIMITS[self.decode_int8] if self.int8_rows is None else self.int8_rows)
+        return rows <= (row_limit(self.decode_int8) if self.int8_rows is None else self.int8_rows)
 
     @torch.no_grad()
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, cache: KVCache | None = None,

@@ -188,6 +188,25 @@ def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, ge
         torch.testing.assert_close(q8_linear(x, wq, ws, impl="cpp", kmask=kmask), ref, **_tol(ref))
 
 
+@pytest.mark.slow
+def test_the_avx2_path_gives_the_vnni_paths_output_bit_for_bit(gen: torch.Generator) -> None:
+    """Both sum each block of 32 exactly in int32, then convert and scale in the same order: equal outputs, on
+    every row count (the AVX2 tiles of 4 rows and their tails; the VNNI path's AMX tiles from 8 rows)."""
+    from kernels._cpp import extension
+
+    if q8_gemm.build_isa() != "avx512_vnni":
+        pytest.skip("needs a CPU that runs both paths")
+    vnni, avx2 = extension("avx512_vnni"), extension("avx2")
+    if vnni is None or avx2 is None:
+        pytest.skip("a build failed here")
+    for M, K, N in SHAPES:
+        x, w = _inputs(M, K, N, gen)
+        w[:, 1] = 0
+        wq, ws = quantize_weight(w)
+        kmask = live_columns(w)
+        assert torch.equal(avx2.q8_gemm(x, wq, ws, kmask), vnni.q8_gemm(x, wq, ws, kmask)), (M, K, N)
+
+
 def test_bad_inputs_raise(gen: torch.Generator) -> None:
     wq, ws = quantize_weight(torch.randn(4, 64, generator=gen))
     with pytest.raises(ValueError, match="K > 0"):

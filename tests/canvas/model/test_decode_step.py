@@ -10,7 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from canvas.model import DiffusionModel, ModelConfig
-from canvas.model.int8 import DECODE_ROWS, ENV_VAR, Int8Linear, Scheme, decode_scheme, quantize_decode
+from canvas.model.int8 import (
+    DECODE_ROWS,
+    ENV_VAR,
+    ROW_LIMITS,
+    Int8Linear,
+    Scheme,
+    decode_scheme,
+    quantize_decode,
+    row_limit,
+)
+from kernels import q8_gemm
 
 # A converted Gemma-3-270M that `dcanvas model build` left in its cache (any vocabulary size).
 _BUILT = sorted((Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcanvas" / "models").glob(
@@ -119,6 +129,26 @@ def test_int8_linear_rejects_what_it_cannot_serve() -> None:
         Int8Linear(torch.zeros(4, 4, dtype=torch.bfloat16), "weight")
     with pytest.raises(ValueError, match="scheme"):
         Int8Linear(torch.zeros(4, 4), "int4")  # type: ignore[arg-type]
+
+
+def test_q8_serves_prefill_only_where_its_kernel_has_vnni(model: DiffusionModel,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without VNNI (the AVX2 and scalar builds) the q8 kernel loses to fp32's GEMM at prefill's row counts: only
+    decode steps of at most DECODE_ROWS rows take the q8 weights there."""
+    quantize_decode(model, "q8")
+    for isa in ("avx2", "scalar"):
+        monkeypatch.setenv(q8_gemm.ISA_ENV, isa)
+        try:
+            q8_gemm.build_isa()
+        except ValueError as e:  # a CPU without AVX2
+            assert isa == "avx2", e
+            continue
+        assert row_limit("q8") == DECODE_ROWS
+        assert model.int8_for(DECODE_ROWS) and not model.int8_for(DECODE_ROWS + 1)
+    monkeypatch.delenv(q8_gemm.ISA_ENV)
+    if q8_gemm.build_isa() == "avx512_vnni":
+        assert row_limit("q8") == ROW_LIMITS["q8"] and model.int8_for(4096)
+    assert row_limit("weight") == row_limit("dynamic") == DECODE_ROWS
 
 
 @pytest.mark.parametrize("scheme", ["weight", "q8"])
