@@ -37,6 +37,12 @@
 
 namespace {
 
+using dcanvas_cpu::exp8;
+using dcanvas_cpu::f8;
+using dcanvas_cpu::load8;
+using dcanvas_cpu::store8;
+using dcanvas_cpu::sum8;
+
 constexpr int RMAX = 8;  // query heads a KV head serves, at most (Gemma-3-270M: 4)
 // Keys are scored in blocks of 4 while the key rows kAhead further on are prefetched. Values are weighed in blocks of
 // kValueBlock rows (16 KB at D = 256), which stay in L1 across the block's passes over D and the query heads (one
@@ -94,11 +100,22 @@ inline void dots4x4(const float* const q[4], const float* const k[4], int64_t D,
   for (int i = 0; i < nq; ++i)
     for (int j = 0; j < nk; ++j) out[i * ld + j] = sums[i * 4 + j];
 #else
+  // The same register tile in 8-lane vectors (a scalar sum per pair is one serial chain of D FMAs).
+  f8 acc[4][4] = {};
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    f8 kv[4];
+    for (int j = 0; j < 4; ++j) kv[j] = load8(k[j] + d);
+    for (int i = 0; i < 4; ++i) {
+      const f8 qv = load8(q[i] + d);
+      for (int j = 0; j < 4; ++j) acc[i][j] += qv * kv[j];
+    }
+  }
   for (int i = 0; i < nq; ++i)
     for (int j = 0; j < nk; ++j) {
-      float acc = 0.f;
-      for (int64_t d = 0; d < D; ++d) acc += q[i][d] * k[j][d];
-      out[i * ld + j] = acc;
+      float sum = sum8(acc[i][j]);
+      for (int64_t t = d; t < D; ++t) sum += q[i][t] * k[j][t];
+      out[i * ld + j] = sum;
     }
 #endif
 }
@@ -174,14 +191,34 @@ inline void weigh_block(const float* p, int64_t ld, int64_t nq, float* const* ou
     }
   }
 #else
-  for (int64_t i = 0; i < nq; ++i) {
-    float* o = out[i];
-    for (int64_t s = 0; s < ns; ++s) {
-      const float w = p[i * ld + s];
-      if (w == 0.f) continue;  // masked keys weigh nothing
-      const float* v = vbase + s * vstride;
-      for (int64_t d = 0; d < D; ++d) o[d] += w * v[d];
+  // The same tiles in 8-lane vectors: 4 query heads x 16 dims over a block of keys, then the dims past the last 16.
+  const int64_t D16 = D / 16 * 16;
+  for (int64_t sb = 0; sb < ns; sb += kValueBlock) {
+    const int64_t se = std::min(ns, sb + kValueBlock);
+    for (int64_t d0 = 0; d0 < D16; d0 += 16) {
+      for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+        const int n = static_cast<int>(std::min<int64_t>(4, nq - i0));
+        const float* w[4];
+        for (int i = 0; i < 4; ++i) w[i] = p + (i0 + std::min(i, n - 1)) * ld;  // a short block repeats its last
+        f8 acc[4][2] = {};
+        const float* v = vbase + sb * vstride + d0;
+        for (int64_t s = sb; s < se; ++s, v += vstride) {
+          const f8 v0 = load8(v), v1 = load8(v + 8);
+          for (int i = 0; i < 4; ++i) {
+            acc[i][0] += w[i][s] * v0;
+            acc[i][1] += w[i][s] * v1;
+          }
+        }
+        for (int i = 0; i < n; ++i) {
+          float* o = out[i0 + i] + d0;
+          store8(o, load8(o) + acc[i][0]);
+          store8(o + 8, load8(o + 8) + acc[i][1]);
+        }
+      }
     }
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t s = sb; s < se; ++s)
+        for (int64_t d = D16; d < D; ++d) out[i][d] += p[i * ld + s] * vbase[s * vstride + d];
   }
 #endif
 }
@@ -237,7 +274,17 @@ inline float softmax_num(float* p, const bool* valid, int64_t n, float* max) {
   }
   sum = _mm512_reduce_add_ps(acc);
 #else
-  for (int64_t s = 0; s < n; ++s) {
+  f8 acc = {};
+  int64_t s = 0;
+  for (; s + 8 <= n; s += 8) {
+    f8 e = exp8(load8(p + s) - mx);
+    if (valid != nullptr)
+      for (int l = 0; l < 8; ++l) e[l] = valid[s + l] ? e[l] : 0.f;
+    store8(p + s, e);
+    acc += e;
+  }
+  sum = sum8(acc);
+  for (; s < n; ++s) {
     p[s] = (valid == nullptr || valid[s]) ? std::exp(p[s] - mx) : 0.f;
     sum += p[s];
   }

@@ -1,12 +1,69 @@
 // Vector math shared by the CPU kernels (attend_cpu.cpp, act_cpu.cpp): exp, tanh and a refined reciprocal on 16
-// fp32 lanes, and the lane mask of a vector's tail. Header-only; each kernel includes it under its own AVX-512 guard.
+// fp32 lanes, and the lane mask of a vector's tail, for the AVX-512 builds; and, for every build, 8-lane vectors in
+// GCC's vector extensions with their loads, stores, sum and exp (the paths of a CPU without AVX-512: with -mavx2 they
+// compile to ymm FMAs; without, to SSE pairs). Header-only.
 
 #pragma once
 
+#include <cstdint>
+#include <cstring>
+
+namespace dcanvas_cpu {
+
+// 8 fp32 / int32 lanes; memcpy loads and stores: no alignment or aliasing assumed, one vmovups each.
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+inline f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store8(float* p, f8 v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline float sum8(f8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+// exp(x) lane by lane: exp512's range reduction and polynomial (Cephes' expf; within 2 ulp of libm), 2^n applied in
+// two halves so every n in [-126, 128] stays a normal scale; under -87.3: a tiny value, as exp512's clamp gives.
+inline f8 exp8(f8 x) {
+  const f8 lo = f8{} - 87.33654f, hi = f8{} + 88.72283f;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const f8 magic = f8{} + 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const f8 n = (x * 1.44269504088896341f + magic) - magic;
+  f8 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f8 q = f8{} + 1.9875691500E-4f;
+  q = q * r + 1.3981999507E-3f;
+  q = q * r + 8.3334519073E-3f;
+  q = q * r + 4.1665795894E-2f;
+  q = q * r + 1.6666665459E-1f;
+  q = q * r + 5.0000001201E-1f;
+  q = q * r * r + (r + 1.f);
+  const i8 ni = __builtin_convertvector(n, i8), n1 = ni >> 1, n2 = ni - n1;
+  return q * (f8)((n1 + 127) << 23) * (f8)((n2 + 127) << 23);
+}
+
+// tanh(x) lane by lane: tanh512's two pieces (an odd polynomial below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) with
+// x's sign above), each lane taking its own.
+inline f8 tanh8(f8 x) {
+  const f8 ax = x < 0.f ? -x : x;
+  const f8 z = x * x;
+  f8 q = f8{} - 5.70498872745E-3f;
+  q = q * z + 2.06390887954E-2f;
+  q = q * z - 5.37397155531E-2f;
+  q = q * z + 1.33314422036E-1f;
+  q = q * z - 3.33332819422E-1f;
+  const f8 small = q * z * x + x;
+  const f8 big = 1.f - 2.f / (exp8(ax + ax) + 1.f);
+  return ax < 0.625f ? small : (x < 0.f ? -big : big);
+}
+
+}  // namespace dcanvas_cpu
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
-
-#include <cstdint>
 
 namespace dcanvas_cpu {
 

@@ -33,6 +33,12 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+using dcanvas_cpu::exp8;
+using dcanvas_cpu::f8;
+using dcanvas_cpu::load8;
+using dcanvas_cpu::store8;
+using dcanvas_cpu::sum8;
+
 #if defined(__AVX512F__)
 using dcanvas_cpu::exp512;
 using dcanvas_cpu::tail_mask;
@@ -51,6 +57,14 @@ float copy_max(const float* src, float* dst, int64_t V) {
     vm = _mm512_max_ps(vm, x);
   }
   m = _mm512_reduce_max_ps(vm);
+#else
+  f8 vm = f8{} - kInf;
+  for (; j + 8 <= V; j += 8) {
+    const f8 x = load8(src + j);
+    store8(dst + j, x);
+    vm = x > vm ? x : vm;
+  }
+  for (int l = 0; l < 8; ++l) m = std::max(m, vm[l]);
 #endif
   for (; j < V; ++j) {
     dst[j] = src[j];
@@ -76,6 +90,16 @@ std::pair<float, double> max_and_expsum(const float* x, int64_t V, float shift) 
   }
   m = _mm512_reduce_max_ps(vm);
   s = _mm512_reduce_add_ps(vs);
+#else
+  f8 vm = f8{} - kInf, vs = {};
+  for (; j + 8 <= V; j += 8) {
+    const f8 v = load8(x + j);
+    vm = v > vm ? v : vm;
+    const f8 e = exp8(v - shift);
+    vs += v > -kInf ? e : 0.f;
+  }
+  for (int l = 0; l < 8; ++l) m = std::max(m, vm[l]);
+  s = sum8(vs);
 #endif
   for (; j < V; ++j) {
     m = std::max(m, x[j]);
@@ -100,6 +124,15 @@ double weigh(float* x, int64_t V, float top, float inv_temp, float floor) {
     vs = _mm512_add_ps(vs, w);
   }
   s = _mm512_reduce_add_ps(vs);
+#else
+  f8 vs = {};
+  for (; j + 8 <= V; j += 8) {
+    const f8 v = load8(x + j);
+    const f8 w = v >= floor ? exp8((v - top) * inv_temp) : 0.f;
+    store8(x + j, w);
+    vs += w;
+  }
+  s = sum8(vs);
 #endif
   for (; j < V; ++j) {
     const float w = x[j] >= floor ? std::exp((x[j] - top) * inv_temp) : 0.f;
