@@ -46,7 +46,7 @@ inline f8 exp8(f8 x) {
 }
 
 // tanh(x) lane by lane: tanh512's two pieces (an odd polynomial below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) with
-// x's sign above), each lane taking its own.
+// x's sign above), each lane taking its own; the exp and the division only when some lane needs them.
 inline f8 tanh8(f8 x) {
   const f8 ax = x < 0.f ? -x : x;
   const f8 z = x * x;
@@ -56,6 +56,10 @@ inline f8 tanh8(f8 x) {
   q = q * z + 1.33314422036E-1f;
   q = q * z - 3.33332819422E-1f;
   const f8 small = q * z * x + x;
+  const i8 is_small = ax < 0.625f;  // -1 where small
+  if ((is_small[0] & is_small[1] & is_small[2] & is_small[3] & is_small[4] & is_small[5] & is_small[6] &
+       is_small[7]) != 0)
+    return small;
   const f8 big = 1.f - 2.f / (exp8(ax + ax) + 1.f);
   return ax < 0.625f ? small : (x < 0.f ? -big : big);
 }
