@@ -65,18 +65,21 @@ DECODE_ROWS = 16
 # steps only (their kernels lose to fp32's oneDNN GEMM at many rows, and prefill keeps exact fp32). "q8": every
 # `encode` pass, prefill included: its VNNI kernel beats fp32 at every row count measured (256 rows: 2.5-2.9x,
 # `python -m kernels.cpu_bench`), and its fidelity bound is measured with every pass through it (`dcanvas model
-# check --int8 q8`); where the kernel is built without VNNI (an AVX2-only CPU) only the decode steps (`row_limit`).
+# check --int8 q8`); where the kernel is built without VNNI (an AVX2-only CPU) only passes of few rows (`row_limit`).
 # The denoiser and training never use int8.
 ROW_LIMITS: dict[Scheme, int] = {"weight": DECODE_ROWS, "dynamic": DECODE_ROWS, "q8": 1 << 30}
+# "q8" without VNNI: up to here it beats oneDNN's fp32 GEMM on AVX2 code paths (q8 / fp32 at 24 rows 0.56-0.88 by
+# projection, at 32 rows 0.62-1.07, at 48 rows 0.71-1.19; BENCHMARKS.md, issue 31): the AR rows of a few users' drafts.
+Q8_AVX2_ROWS = 32
 
 
 def row_limit(scheme: Scheme) -> int:
     """The most rows an encoder pass may have to run on `scheme`'s int8 weights on this machine: `ROW_LIMITS`, but
-    "q8" only for decode steps where its kernel lacks VNNI: the AVX2 path multiplies by int16 pairs, so oneDNN's
+    "q8" only up to `Q8_AVX2_ROWS` where its kernel lacks VNNI: the AVX2 path multiplies by int16 pairs, so oneDNN's
     fp32 GEMM beats it at prefill's row counts (256-token prefill on AVX2 code paths: 302 tok/s through q8, 668
     in fp32; BENCHMARKS.md, issue 31)."""
     if scheme == "q8" and q8_gemm.build_isa() != "avx512_vnni":
-        return DECODE_ROWS
+        return Q8_AVX2_ROWS
     return ROW_LIMITS[scheme]
 _PACK_MULTIPLE = 16  # `_weight_int8pack_mm`'s reduced dimension must be a multiple of this
 

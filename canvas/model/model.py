@@ -3,7 +3,7 @@
 - `encode`: causal pass over the text before the canvas. Writes the static `KVCache` (sliding layers keep only
   their window) and returns the AR next-token logits. Its decode step (T = 1, any B) builds no causal mask and
   appends sliding keys in place while the window has room (same values as the general path); passes of at most
-  the scheme's `row_limit` rows (decode steps; for "q8" prefill too, where its kernel has VNNI) go through int8
+  the scheme's `row_limit` rows (decode steps; for "q8" prefill too where its kernel has VNNI) go through int8
   weight copies where `canvas.model.int8.quantize_decode` attached them.
 - `denoise`: bidirectional pass over a canvas. Reads the cache, never writes it, and applies self-conditioning
   (softmax of the previous step's logits @ embeddings through a gated MLP) when given; skipped, exactly, while that

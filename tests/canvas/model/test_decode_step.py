@@ -13,6 +13,7 @@ from canvas.model import DiffusionModel, ModelConfig
 from canvas.model.int8 import (
     DECODE_ROWS,
     ENV_VAR,
+    Q8_AVX2_ROWS,
     ROW_LIMITS,
     Int8Linear,
     Scheme,
@@ -134,7 +135,7 @@ def test_int8_linear_rejects_what_it_cannot_serve() -> None:
 def test_q8_serves_prefill_only_where_its_kernel_has_vnni(model: DiffusionModel,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Without VNNI (the AVX2 and scalar builds) the q8 kernel loses to fp32's GEMM at prefill's row counts: only
-    decode steps of at most DECODE_ROWS rows take the q8 weights there."""
+    passes of at most Q8_AVX2_ROWS rows (a few users' drafts) take the q8 weights there."""
     quantize_decode(model, "q8")
     for isa in ("avx2", "scalar"):
         monkeypatch.setenv(q8_gemm.ISA_ENV, isa)
@@ -143,8 +144,8 @@ def test_q8_serves_prefill_only_where_its_kernel_has_vnni(model: DiffusionModel,
         except ValueError as e:  # a CPU without AVX2
             assert isa == "avx2", e
             continue
-        assert row_limit("q8") == DECODE_ROWS
-        assert model.int8_for(DECODE_ROWS) and not model.int8_for(DECODE_ROWS + 1)
+        assert row_limit("q8") == Q8_AVX2_ROWS
+        assert model.int8_for(Q8_AVX2_ROWS) and not model.int8_for(Q8_AVX2_ROWS + 1)
     monkeypatch.delenv(q8_gemm.ISA_ENV)
     if q8_gemm.build_isa() == "avx512_vnni":
         assert row_limit("q8") == ROW_LIMITS["q8"] and model.int8_for(4096)
