@@ -10,6 +10,8 @@ std::string q8_isa();
 bool q8_amx(bool wanted);
 torch::Tensor rms_norm_fused(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps,
                              const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& scale);
+torch::Tensor rms_norm_rope(const torch::Tensor& x, const torch::Tensor& weight, double eps, const torch::Tensor& cos,
+                            const torch::Tensor& sin, int64_t rotate);
 
 torch::Tensor attend_one(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                          const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& extra_k,
@@ -37,4 +39,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draw_tokens", &draw_tokens, "one token a row of logits (K, V) fp32 after bans and min-p, at 1 / inv_temp, "
         "by the uniforms u (K,) -> (tok (K,) int64, raw log-softmax at tok (K,) fp32)");
   m.def("rms_norm_fused", &rms_norm_fused, "(residual + rms_norm(x) * weight) * scale over fp32 rows");
+  m.def("rms_norm_rope", &rms_norm_rope, "rms_norm(x) * weight over fp32 rows in groups of P, then RoPE on the first "
+        "`rotate` rows of each group");
 }

@@ -5,11 +5,16 @@ validating launcher `rms_norm_fused_cpp` of the C++ kernel beside this file (`rm
 `kernels._cpp`). It computes `(residual + rms_norm(x, weight)) * scale`, each of weight, residual and scale
 optional, with `kernels.rmsnorm`'s numerics (fp32: `x * rsqrt(mean(x^2) + eps) * weight`, no `1 + weight`).
 
+Also owns `rms_norm_rope` (same switch, reference `rms_norm_rope_ref`, launcher `rms_norm_rope_cpp`): the decode
+step's q / k / v heads (B, P, D) each normed by its row of a stacked weight (P, D), then the first `rotate` heads of
+each row rotated by RoPE (cos, sin (B, D)), as `canvas.model.decode.pre_attention` needs them.
+
 Why: a one-token decode step runs ten norms a layer on a few rows; torch's CPU `rms_norm` is ~8 small ops each,
 so the norms cost more in dispatch than in arithmetic. One call here does a norm, its residual add and the layer
-scale. The kernel's sum of squares is ordered differently from torch's, so results agree to fp32 rounding.
+scale, or (`rms_norm_rope`) the heads' norm and their rotation, seven torch ops a layer. The kernel's sum of squares
+is ordered differently from torch's, and its rotation may fuse a multiply-add, so results agree to fp32 rounding.
 
-Legend: R rows (every leading dim flattened), D normalised (last) dim.
+Legend: R rows (every leading dim flattened), D normalised (last) dim, B decode rows, P heads a row.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import torch.nn.functional as F
 
 from kernels._cpp import auto_impl, build_error, extension
 
-__all__ = ["Impl", "fused_kernel", "rms_norm_fused", "rms_norm_fused_cpp", "rms_norm_fused_ref"]
+__all__ = ["Impl", "fused_kernel", "rms_norm_fused", "rms_norm_fused_cpp", "rms_norm_fused_ref", "rms_norm_rope",
+           "rms_norm_rope_cpp", "rms_norm_rope_ref", "rope_kernel"]
 
 Impl = Literal["auto", "cpp", "ref"]
 _IMPLS: tuple[str, ...] = ("auto", "cpp", "ref")
@@ -93,3 +99,64 @@ def rms_norm_fused(x: torch.Tensor, weight: torch.Tensor | None = None, eps: flo
     if impl == "ref":
         return rms_norm_fused_ref(x, weight, eps, residual, scale)
     return rms_norm_fused_cpp(x, weight, eps, residual, scale)
+
+
+def rms_norm_rope_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                      rotate: int) -> torch.Tensor:
+    """Torch reference. x (B, P, D) fp32, weight (P, D), cos / sin (B, D) -> (B, P, D): rms_norm(x) * weight, and
+    heads [0, rotate) of each row rotated: y * cos + cat(-y[D/2:], y[:D/2]) * sin.
+
+    Bytes: read B*P*D*4 + P*D*4 + 2*B*D*4, write B*P*D*4. FLOPs: ~8*B*P*D.
+    """
+    y = F.rms_norm(x, (x.shape[-1],), None, eps) * weight  # (B, P, D)
+    half = x.shape[-1] // 2
+    qk = y[:, :rotate]
+    rotated = qk * cos[:, None] + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin[:, None]
+    return torch.cat((rotated, y[:, rotate:]), dim=1)
+
+
+def _check_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                rotate: int) -> None:
+    if x.dim() != 3 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] % 2:
+        raise ValueError(f"x must be a (B, P, D) CPU fp32 tensor with an even D, got {tuple(x.shape)} {x.dtype}")
+    B, P, D = x.shape
+    for name, t, shape in (("weight", weight, (P, D)), ("cos", cos, (B, D)), ("sin", sin, (B, D))):
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU fp32 tensor of shape {shape}, got {tuple(t.shape)} {t.dtype}")
+    if not eps > 0 or not 0 <= rotate <= P:
+        raise ValueError(f"need eps > 0 and 0 <= rotate <= P = {P}, got {eps}, {rotate}")
+
+
+def rope_kernel() -> Callable[..., torch.Tensor] | None:
+    """The raw entry point `rms_norm_rope(x (B * P, D), weight (P, D), eps, cos (B, D), sin (B, D), rotate)`, all
+    fp32 and contiguous (it checks them itself), or None where the extension did not build: for hot loops."""
+    mod = extension()
+    return None if mod is None else mod.rms_norm_rope
+
+
+def rms_norm_rope_cpp(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                      rotate: int) -> torch.Tensor:
+    """Validating launcher of the C++ kernel; RuntimeError where it could not be built."""
+    _check_rope(x, weight, eps, cos, sin, rotate)
+    fn = rope_kernel()
+    if fn is None:
+        raise RuntimeError(f"the CPU rms_norm kernel is unavailable here: {build_error() or 'unknown'}")
+    B, P, D = x.shape
+    out = fn(x.reshape(B * P, D).contiguous(), weight.contiguous(), eps, cos.contiguous(), sin.contiguous(), rotate)
+    return out.view(B, P, D)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                  rotate: int, *, impl: Impl = "auto") -> torch.Tensor:
+    """The decode step's head norms and RoPE in one call (module docstring). "auto": the C++ kernel where it built
+    (one warning where it did not) and no input needs grad, else the reference."""
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, cos, sin))
+        eligible = not grads and x.dtype == torch.float32 and x.device.type == "cpu"
+        impl = auto_impl(eligible, eligible and rope_kernel() is not None, "CPU rms_norm kernel")
+    if impl == "ref":
+        _check_rope(x, weight, eps, cos, sin, rotate)
+        return rms_norm_rope_ref(x, weight, eps, cos, sin, rotate)
+    return rms_norm_rope_cpp(x, weight, eps, cos, sin, rotate)

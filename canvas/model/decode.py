@@ -9,7 +9,8 @@ general `run_layers` path spends much of a step on per-op dispatch instead (~100
 per layer, casts around every norm, routing with host syncs and a sort). Here, per step:
 - RoPE's cos / sin are built once per rope kind (sliding / full), not once per layer;
 - q, k and v are normed as one (B, H + 2G, D) view of the projection, their norm weights stacked (`_qk_norm_weight`;
-  no copy of a strided slice per head kind), and q and k rotated as one;
+  no copy of a strided slice per head kind), and q and k rotated as one (for fp32 on the CPU, eagerly, the norm and
+  the rotation in one C++ call: `kernels.rmsnorm_cpu.rms_norm_rope`);
 - the experts: with fewer (row, pick) pairs than experts (batch 1 on Gemma-3-270M: top-1 of 4) only the picked
   ones, one row at a time; else (and always when compiled: no data-dependent shapes) all of them, dense: every
   expert's gate/up on every row in one matmul, the routing weights zero for experts a row did not pick (their
@@ -51,7 +52,7 @@ from torch import Tensor
 from canvas.model.int8 import int8_weight_mm, q8_mm
 from kernels import act_cpu, attend_cpu
 from kernels.attend_cpu import Share
-from kernels.rmsnorm_cpu import fused_kernel
+from kernels.rmsnorm_cpu import fused_kernel, rope_kernel
 
 if TYPE_CHECKING:
     from canvas.model.cache import KVCache
@@ -67,6 +68,7 @@ Lin = tuple[Tensor, Tensor | None, Tensor | None, int, Tensor | None]
 _fused_norm_kernel = functools.cache(fused_kernel)
 _attend_cpu_kernel = functools.cache(attend_cpu.kernel)
 _gelu_mul_kernel = functools.cache(act_cpu.gelu_mul_kernel)
+_rope_kernel = functools.cache(rope_kernel)
 
 
 def _norm(x: Tensor, weight: Tensor | None, eps: float, residual: Tensor | None = None,
@@ -120,6 +122,14 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
     H, G, D = heads, kv_heads, cos.shape[-1]
     proj = _mm(_norm(x, in_norm, eps), qkv)  # (B, (H + 2G) * D) or (B, (H + G) * D)
     rows = proj.view(B, -1, D)  # (B, H + 2G, D) or (B, H + G, D): a view, the projection is contiguous
+    eager_cpu = proj.dtype == torch.float32 and proj.device.type == "cpu" and not torch.compiler.is_compiling()
+    fn = _rope_kernel() if eager_cpu else None  # traced graphs keep the torch ops (inductor fuses them)
+    if fn is not None:
+        # One C++ call: every head normed (v's weight rows are ones), q and k rotated.
+        P = rows.shape[1]
+        normed = fn(proj.view(B * P, D), qk_norm, eps, cos.reshape(B, D), sin.reshape(B, D), H + G).view(B, P, D)
+        v = normed[:, H + G :] if has_v else _norm(rows[:, H:], None, eps)  # else v is the raw key, normed unweighted
+        return normed[:, :H, None], normed[:, H : H + G, None], v[:, :, None]
     # One norm for every row (with v, qk_norm's last G rows are ones): no copy of a strided slice per kind.
     normed = _norm(rows, qk_norm, eps)
     qk = normed[:, : H + G]

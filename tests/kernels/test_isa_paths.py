@@ -1,6 +1,7 @@
 """The CPU extension built for the instruction sets below this machine's (`kernels._cpp`'s "avx2" and "scalar"
-builds, what a CPU without AVX-512 runs): attention, gelu-mul, soft-cap and the token draw against their torch
-references, as the default build is tested in their own files. Slow: each build compiles the whole extension."""
+builds, what a CPU without AVX-512 runs): attention, gelu-mul, soft-cap, the heads' norm with RoPE and the token draw
+against their torch references, as the default build is tested in their own files. Slow: each build compiles the
+whole extension."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from kernels._cpp import _ISA_FLAGS, _cpu_flags, extension
 from kernels.act_cpu import gelu_mul_ref, softcap_ref
 from kernels.attend_cpu import attend_one_ref
+from kernels.rmsnorm_cpu import rms_norm_rope_ref
 from kernels.sample_cpu import ban_csr, draw_tokens_ref
 
 pytestmark = pytest.mark.slow
@@ -69,3 +71,12 @@ def test_token_draw(ext: ModuleType, temperature: float, min_p: float, gen: torc
     tok, lp = ext.draw_tokens(logits, u, 1.0 / temperature if temperature > 0 else 0.0, min_p, offsets, ids)
     assert torch.equal(tok, want_tok)
     torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
+
+
+def test_head_norms_and_rope(ext: ModuleType, gen: torch.Generator) -> None:
+    x, weight = torch.randn(8, 6, 256, generator=gen) * 3, torch.rand(6, 256, generator=gen) + 0.5
+    angles = torch.rand(8, 128, generator=gen) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    want = rms_norm_rope_ref(x, weight, 1e-6, cos, sin, 5)
+    got = ext.rms_norm_rope(x.view(48, 256), weight, 1e-6, cos, sin, 5).view(8, 6, 256)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
