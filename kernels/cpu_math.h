@@ -1,6 +1,6 @@
 // Vector math shared by the CPU kernels (attend_cpu.cpp, act_cpu.cpp): exp, tanh and a refined reciprocal on 16
 // fp32 lanes, and the lane mask of a vector's tail, for the AVX-512 builds; and, for every build, 8-lane vectors in
-// GCC's vector extensions with their loads, stores, sum and exp (the paths of a CPU without AVX-512: with -mavx2 they
+// GCC's vector extensions with their loads, stores, sum, max and exp (the paths of a CPU without AVX-512: with -mavx2 they
 // compile to ymm FMAs; without, to SSE pairs). Header-only.
 
 #pragma once
@@ -23,6 +23,12 @@ inline f8 load8(const float* p) {
 inline void store8(float* p, f8 v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline float sum8(f8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+inline float max8(f8 v) {
+  float m = v[0];
+  for (int l = 1; l < 8; ++l) m = m > v[l] ? m : v[l];
+  return m;
+}
 
 // exp(x) lane by lane: exp512's range reduction and polynomial (Cephes' expf; within 2 ulp of libm), 2^n applied in
 // two halves so every n in [-126, 128] stays a normal scale; under -87.3: a tiny value, as exp512's clamp gives.

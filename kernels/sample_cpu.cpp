@@ -36,6 +36,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 using dcanvas_cpu::exp8;
 using dcanvas_cpu::f8;
 using dcanvas_cpu::load8;
+using dcanvas_cpu::max8;
 using dcanvas_cpu::store8;
 using dcanvas_cpu::sum8;
 
@@ -64,7 +65,7 @@ float copy_max(const float* src, float* dst, int64_t V) {
     store8(dst + j, x);
     vm = x > vm ? x : vm;
   }
-  for (int l = 0; l < 8; ++l) m = std::max(m, vm[l]);
+  m = max8(vm);
 #endif
   for (; j < V; ++j) {
     dst[j] = src[j];
@@ -98,7 +99,7 @@ std::pair<float, double> max_and_expsum(const float* x, int64_t V, float shift) 
     const f8 e = exp8(v - shift);
     vs += v > -kInf ? e : 0.f;
   }
-  for (int l = 0; l < 8; ++l) m = std::max(m, vm[l]);
+  m = max8(vm);
   s = sum8(vs);
 #endif
   for (; j < V; ++j) {

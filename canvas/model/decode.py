@@ -122,20 +122,18 @@ def pre_attention(x: Tensor, in_norm: Tensor, qkv: Lin, qk_norm: Tensor, cos: Te
     H, G, D = heads, kv_heads, cos.shape[-1]
     proj = _mm(_norm(x, in_norm, eps), qkv)  # (B, (H + 2G) * D) or (B, (H + G) * D)
     rows = proj.view(B, -1, D)  # (B, H + 2G, D) or (B, H + G, D): a view, the projection is contiguous
+    # One norm for every row (with v, qk_norm's last G rows are ones): no copy of a strided slice per kind.
     eager_cpu = proj.dtype == torch.float32 and proj.device.type == "cpu" and not torch.compiler.is_compiling()
     fn = _rope_kernel() if eager_cpu else None  # traced graphs keep the torch ops (inductor fuses them)
-    if fn is not None:
-        # One C++ call: every head normed (v's weight rows are ones), q and k rotated.
+    if fn is not None:  # one C++ call: the norm, and q and k rotated
         P = rows.shape[1]
         normed = fn(proj.view(B * P, D), qk_norm, eps, cos.reshape(B, D), sin.reshape(B, D), H + G).view(B, P, D)
-        v = normed[:, H + G :] if has_v else _norm(rows[:, H:], None, eps)  # else v is the raw key, normed unweighted
-        return normed[:, :H, None], normed[:, H : H + G, None], v[:, :, None]
-    # One norm for every row (with v, qk_norm's last G rows are ones): no copy of a strided slice per kind.
-    normed = _norm(rows, qk_norm, eps)
-    qk = normed[:, : H + G]
+        qk = normed[:, : H + G]
+    else:
+        normed = _norm(rows, qk_norm, eps)
+        qk, half = normed[:, : H + G], D // 2
+        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # (B, H + G, D)
     v = normed[:, H + G :] if has_v else _norm(rows[:, H:], None, eps)  # else v is the raw key, normed unweighted
-    half = D // 2
-    qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin  # (B, H + G, D)
     return qk[:, :H, None], qk[:, H:, None], v[:, :, None]
 
 

@@ -81,6 +81,8 @@ def row_limit(scheme: Scheme) -> int:
     if scheme == "q8" and q8_gemm.build_isa() != "avx512_vnni":
         return Q8_AVX2_ROWS
     return ROW_LIMITS[scheme]
+
+
 _PACK_MULTIPLE = 16  # `_weight_int8pack_mm`'s reduced dimension must be a multiple of this
 
 
