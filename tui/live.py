@@ -6,6 +6,9 @@ draft, styled by state and coloured by entropy. Slot states, from the protocol's
 
 - `pinned`: kept by the model (the text of a pinned span);
 - `pending`: free, no frame has reached it yet (shown as `░`);
+- `unwritten`: free, and the AR writer has not reached it yet (`written: false`, shown as `▁`): its token is the
+  canvas's initial noise, never the model's guess, so its text is never shown. Diffusion rows never send it: their
+  noise is the picture of the canvas converging;
 - `noise`: free, not accepted at the latest step (it will be renoised; its draft is the model's current guess);
 - `accepted`: accepted at the latest step;
 - `converged`: accepted with the same token in two consecutive frames (a frame that leaves an accepted slot out
@@ -29,11 +32,12 @@ from tui.render import Piece, entropy_color
 from tui.textfile import display
 
 STYLE_NAMES = (
-    "context", "pinned", "pending", "noise", "accepted", "converged",
+    "context", "pinned", "pending", "unwritten", "noise", "accepted", "converged",
     "equal", "insert", "delete", "current", "marked",
 )  # fmt: skip
 Palette = Mapping[str, Style]
 PENDING_GLYPH = "░"
+UNWRITTEN_GLYPH = "▁"  # a blank to be filled in: not "·" (an empty token) nor "░" (no frame yet)
 
 
 @dataclass(slots=True)
@@ -43,10 +47,18 @@ class SlotDraft:
     entropy: float | None
     accepted: bool
     converged: bool = False
+    written: bool = True
 
     @property
     def state(self) -> str:
+        if not self.written:
+            return "unwritten"
         return "converged" if self.converged else "accepted" if self.accepted else "noise"
+
+    @property
+    def shown(self) -> str:
+        """What the slot is drawn as: its text (terminal-safe; `·` when empty) once written, else a blank."""
+        return (display(self.text) or "·") if self.written else UNWRITTEN_GLYPH
 
 
 @dataclass
@@ -79,8 +91,11 @@ class LiveCanvas:
                 draft.converged = True  # left out of the delta: unchanged across a frame
         for s in p.slots:
             prev = self.slots.get(s.i)
-            stable = prev is not None and prev.accepted and prev.token == s.token
-            self.slots[s.i] = SlotDraft(s.token, s.text, s.entropy, s.accepted, converged=s.accepted and stable)
+            stable = prev is not None and prev.written and prev.accepted and prev.token == s.token
+            written = s.written  # False only for AR rows' slots not reached yet; older servers omit it (True)
+            text = s.text if written else ""  # an unwritten slot's token is noise: keep none of its text
+            self.slots[s.i] = SlotDraft(s.token, text, s.entropy, s.accepted and written,
+                                        converged=written and s.accepted and stable, written=written)  # fmt: skip
         self.step, self.max_steps = p.step, p.max_steps
         self.accepted, self.free, self.elapsed_s = p.accepted, p.free or self.free, p.elapsed_s
         self.frames += 1
@@ -99,7 +114,8 @@ class LiveCanvas:
         return self.settled / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def counts(self) -> dict[str, int]:
-        out = {"pending": max(0, self.free - len(self.slots)), "noise": 0, "accepted": 0, "converged": 0}
+        out = {"pending": max(0, self.free - len(self.slots)), "unwritten": 0, "noise": 0, "accepted": 0,
+               "converged": 0}  # fmt: skip
         for d in self.slots.values():
             out[d.state] += 1
         return out
@@ -108,9 +124,11 @@ class LiveCanvas:
         draft = self.slots.get(i)
         if draft is None:
             return Piece(PENDING_GLYPH, palette["pending"], i)
+        if not draft.written:
+            return Piece(UNWRITTEN_GLYPH, palette["unwritten"], i)  # no entropy colour: nothing was sampled
         color = entropy_color(draft.entropy)
         style = palette[draft.state] + (Style(color=color) if color is not None else Style())
-        return Piece(display(draft.text) or "·", style, i)
+        return Piece(draft.shown, style, i)
 
     def pieces(self, palette: Palette, lo: int = 0, hi: int | None = None) -> list[Piece]:
         """The document from offset `lo` to `hi` (default: all of it), the window live. Tags are slot indexes."""

@@ -9,10 +9,19 @@
  * settled while its token does not change (the entropy-bound sampler may still redraw an accepted slot at a later
  * step, which unsettles it). Colour is the slot's entropy in nats. Each applied frame is recorded, so
  * `show(k)` redraws the canvas exactly as it was after frame k.
+ *
+ * A slot sent with `written: false` (an AR row's slot its writer has not reached) is "unwritten": its token is the
+ * canvas's initial noise, not a guess of the model, so its text is never drawn, only a blank (`▁`), until a frame
+ * writes it. Diffusion rows never send it (their noise is the point of the picture); older servers omit the field,
+ * which counts as written.
  */
 
 import { SPAN_KIND } from "./protocol.js";
 import { cpSlice } from "./docview.js";
+
+/** What a cell shows before any frame reached its slot, and while an AR writer has not reached it. */
+export const BLANK_GLYPH = "░";
+export const UNWRITTEN_GLYPH = "▁";
 
 /** Entropy (nats) drawn as the reddest colour; anything above is clamped to it. */
 export const ENTROPY_SCALE = 3.0;
@@ -78,11 +87,11 @@ export class TokenGrid {
       for (let k = 0; k < span.slots; k++, slot++, free++) {
         const el = document.createElement("span");
         el.className = "cell free noise blank";
-        el.textContent = "░";
+        el.textContent = BLANK_GLYPH;
         el.dataset.i = String(slot);
         el.title = `slot ${slot}: not drawn yet`;
         this.cells.set(slot, el);
-        this.slots.set(slot, { token: null, text: "", entropy: null, accepted: false, settled: false });
+        this.slots.set(slot, { token: null, text: "", entropy: null, accepted: false, settled: false, written: true });
         this.root.append(el);
       }
     }
@@ -96,6 +105,11 @@ export class TokenGrid {
     for (const u of frame.slots) {
       const prev = this.slots.get(u.i);
       if (!prev) continue; // not a free slot of this layout: ignore rather than guess
+      if (u.written === false) {
+        // Not reached by the AR writer: keep nothing of the noise token it holds.
+        this.slots.set(u.i, { token: null, text: "", entropy: null, accepted: false, settled: false, written: false });
+        continue;
+      }
       const same = prev.token === u.token;
       this.slots.set(u.i, {
         token: u.token,
@@ -103,6 +117,7 @@ export class TokenGrid {
         entropy: u.entropy ?? null,
         accepted: u.accepted,
         settled: u.accepted || (same && prev.settled),
+        written: true,
       });
     }
     const settled = this.settledCount();
@@ -147,16 +162,20 @@ export class TokenGrid {
     for (const [i, s] of slots) {
       const el = this.cells.get(i);
       if (!el) continue;
-      const drawn = s.token !== null;
-      el.textContent = drawn ? visible(s.text) : "░";
-      el.classList.toggle("blank", !drawn);
+      const unwritten = s.written === false;
+      const drawn = s.token !== null && !unwritten;
+      el.textContent = drawn ? visible(s.text) : unwritten ? UNWRITTEN_GLYPH : BLANK_GLYPH;
+      el.classList.toggle("blank", !drawn && !unwritten);
+      el.classList.toggle("unwritten", unwritten);
       el.classList.toggle("settled", s.settled);
-      el.classList.toggle("noise", !s.settled);
+      el.classList.toggle("noise", !s.settled && !unwritten);
       el.style.backgroundColor = entropyColour(s.entropy);
       const ent = s.entropy === null ? "?" : s.entropy.toFixed(2);
       el.title = drawn
         ? `slot ${i}: ${JSON.stringify(s.text)} (token ${s.token}), entropy ${ent} nats, ${s.settled ? "settled" : "noise"}`
-        : `slot ${i}: not drawn yet`;
+        : unwritten
+          ? `slot ${i}: not written yet (the left-to-right writer has not reached it)`
+          : `slot ${i}: not drawn yet`;
     }
     this.root.dataset.frame = String(frameNo);
   }

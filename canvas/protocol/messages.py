@@ -370,11 +370,15 @@ class GenAccepted(_Reply):
 
 
 class SlotUpdate(_Model):
+    """One slot's state in a `gen.progress` frame. `written` false: the model has not reached the slot yet (AR mode
+    writes left to right); it carries no text: `token` -1, `text` "", `accepted` false."""
+
     i: Annotated[int, Field(ge=0)]  # slot index inside the canvas window
     token: int
     text: str
     entropy: Annotated[float, Field(ge=0)] | None = None
     accepted: bool
+    written: bool = True  # absent (older servers): true
 
 
 class GenDrafts(_Model):

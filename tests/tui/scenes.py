@@ -100,6 +100,37 @@ async def generating(pilot: Pilot[Any]) -> None:
     await settle(pilot)
 
 
+# An AR infill mid-way: the writer has written the masked span's three slots and the gap's first; the gap's last
+# three still hold the canvas's initial noise. The contract sends them as token -1 with no text; these carry the
+# noise tokens' text all the same (as servers that predate `written` did), which the view must never show.
+AR_NOISE = ("Sele", " Deliver", " Syrian", "sport']])", " Quarterly", "Vue")  # slots 7, 8, 23-26
+AR_WRITTEN = (" looked", " out", " there", " even")
+
+
+def ar_frame(seq: int, written: dict[int, tuple[str, float]], unwritten: dict[int, str]) -> GenProgress:
+    ups = [SlotUpdate(i=i, token=200 + i, text=t, entropy=e, accepted=True) for i, (t, e) in written.items()]
+    ups += [SlotUpdate(i=i, token=-1, text=t, accepted=False, written=False) for i, t in unwritten.items()]
+    return GenProgress(gen="g-snap", seq=seq, step=seq, max_steps=16, slots=ups, accepted=len(written), free=7,
+                       elapsed_s=0.05 * seq)  # fmt: skip
+
+
+async def ar_midway(pilot: Pilot[Any]) -> None:
+    await opened(pilot)
+    app = pilot.app
+    assert isinstance(app, DcanvasApp)
+    screen = app.main
+    screen.phase = "starting"
+    params = GenParams(mode="ar", max_steps=16, seed=42)
+    screen.post_message(GenStarted(GenAccepted(gen="g-snap", doc_id="d-snap", base_v=4, params=params)))
+    # The first frame carries every free slot; each later one the slot it wrote (a delta).
+    first = dict(zip((7, 8, 23, 24, 25, 26), AR_NOISE, strict=True))
+    screen.post_message(GenFrame(ar_frame(1, {6: (AR_WRITTEN[0], 0.6)}, first)))
+    screen.post_message(GenFrame(ar_frame(2, {7: (AR_WRITTEN[1], 1.4)}, {})))
+    screen.post_message(GenFrame(ar_frame(3, {8: (AR_WRITTEN[2], 2.7)}, {})))
+    screen.post_message(GenFrame(ar_frame(4, {23: (AR_WRITTEN[3], 0.3)}, {})))
+    await settle(pilot)
+
+
 async def proposal_shown(pilot: Pilot[Any]) -> None:
     await generating(pilot)
     app = pilot.app

@@ -13,13 +13,15 @@ from textual.widgets import Input
 from canvas.protocol import ReplaceOp
 from canvas.protocol.client import DcanvasClient
 from tests.tui.helpers import make_app, settings_file, wait_until
-from tests.tui.scenes import app_for, frame, generating
+from tests.tui.scenes import AR_NOISE, app_for, ar_frame, ar_midway, frame, generating
 from tui.app import DcanvasApp
+from tui.live import UNWRITTEN_GLYPH
 from tui.messages import GenFrame
 from tui.screens.prompt import PromptScreen
 from tui.screens.settings import SettingsScreen
 from tui.settings import mode_label
 from tui.widgets.canvas_view import MAX_FPS
+from tui.widgets.mode_line import ModeLine
 from tui.widgets.status_bar import StatusBar
 
 pytestmark = pytest.mark.timeout(120)
@@ -176,6 +178,26 @@ async def test_frames_are_coalesced(tmp_path: Path) -> None:
         layouts = view.layouts - before
         assert layouts <= MAX_FPS * elapsed + 3, (layouts, elapsed)
         assert " w302" in view.last_live_text
+
+
+async def test_an_ar_infill_mid_way_shows_blanks_where_it_has_not_written(tmp_path: Path) -> None:
+    """The slots an AR row has not reached are drawn as blanks, never as the noise tokens they hold; a slot shows
+    its text once a frame writes it."""
+    app = app_for(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ar_midway(pilot)
+        screen = app.main
+        view = screen.canvas
+        shown = view.last_live_text
+        assert not [t for t in AR_NOISE if t.strip() in shown], shown
+        assert " watched the rain" not in shown and "and looked out there." in shown  # the masked span, written
+        assert f"did not even{UNWRITTEN_GLYPH * 3} move." in shown  # the gap: one slot written, three to go
+        mode_line = str(screen.query_one(ModeLine).render())
+        assert f"{UNWRITTEN_GLYPH}3 to write" in mode_line
+        screen.post_message(GenFrame(ar_frame(5, {24: (" budge", 0.4)}, {})))
+        await wait_until(pilot, lambda: "even budge" in view.last_live_text, "the next slot written")
+        assert f"did not even budge{UNWRITTEN_GLYPH * 2} move." in view.last_live_text
+        assert f"{UNWRITTEN_GLYPH}2 to write" in str(screen.query_one(ModeLine).render())
 
 
 async def test_an_unreadable_file_is_never_overwritten(tmp_path: Path) -> None:

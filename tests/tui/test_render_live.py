@@ -8,7 +8,7 @@ from rich.style import Style
 
 from canvas.protocol import DiffSegment, DocState, GenProgress, Proposal, SlotUpdate, Span, Window
 from canvas.server.hub import compose
-from tui.live import PENDING_GLYPH, STYLE_NAMES, LiveCanvas, ProposalView, hunk_ids
+from tui.live import PENDING_GLYPH, STYLE_NAMES, UNWRITTEN_GLYPH, LiveCanvas, ProposalView, hunk_ids
 from tui.render import Piece, entropy_color, line_cells, tag_at, wrap
 
 PALETTE = {name: Style(italic=(name == "noise")) for name in STYLE_NAMES}
@@ -63,11 +63,11 @@ def test_live_canvas_slot_states_and_layout() -> None:
     assert text == f"The{PENDING_GLYPH * 2} sat.{PENDING_GLYPH}\nafter"
     live.apply(frame(1, 1, [(1, " dog", 3.0, False), (2, "s", 0.2, True), (5, "!", 1.0, False)]))
     assert "".join(p.text for p in live.pieces(PALETTE)) == "The dogs sat.!\nafter"
-    assert live.counts() == {"pending": 0, "noise": 2, "accepted": 1, "converged": 0}
+    assert live.counts() == {"pending": 0, "unwritten": 0, "noise": 2, "accepted": 1, "converged": 0}
     # Slot 2 is left out of the next delta: unchanged and still accepted, so it has converged.
     live.apply(frame(2, 2, [(1, " cow", 0.1, True)]))
     assert live.slots[2].converged and live.slots[1].state == "accepted"
-    assert live.counts() == {"pending": 0, "noise": 1, "accepted": 1, "converged": 1}
+    assert live.counts() == {"pending": 0, "unwritten": 0, "noise": 1, "accepted": 1, "converged": 1}
     assert live.tokens_per_forward == 1.0 and not live.lost_frames
     live.apply(frame(4, 4, []))
     assert live.lost_frames  # seq 3 never came
@@ -75,6 +75,31 @@ def test_live_canvas_slot_states_and_layout() -> None:
     assert pieces[0].text == "" and pieces[-1].text == "\na"
     noise = [p for p in live.pieces(PALETTE) if p.tag == 5][0]
     assert noise.style.italic and noise.style.color is not None  # state style plus the ramp colour
+
+
+def test_unwritten_slots_show_a_blank_never_their_noise_token() -> None:
+    """An AR row's slots the writer has not reached hold the initial noise: drawn as blanks until written, even
+    when an update carries the noise token's text."""
+    live = LiveCanvas(state(), "g1", 8)
+    ups = [SlotUpdate(i=1, token=17, text=" dog", entropy=0.5, accepted=True),
+           SlotUpdate(i=2, token=4711, text=" Syriansport", accepted=False, written=False),
+           SlotUpdate(i=5, token=-1, text="", accepted=False, written=False)]  # fmt: skip
+    live.apply(GenProgress(gen="g1", seq=1, step=1, max_steps=8, slots=ups, accepted=1, free=3))
+    pieces = live.pieces(PALETTE)
+    assert "".join(p.text for p in pieces) == f"The dog{UNWRITTEN_GLYPH} sat.{UNWRITTEN_GLYPH}\nafter"
+    assert live.counts() == {"pending": 0, "unwritten": 2, "noise": 0, "accepted": 1, "converged": 0}
+    blank = [p for p in pieces if p.tag == 2][0]
+    assert blank.style == PALETTE["unwritten"]  # no entropy colour: nothing was sampled there
+    assert live.settled == 1 and live.slots[2].shown == UNWRITTEN_GLYPH
+    # Written the next step (a delta names only that slot); slot 1, left out and accepted, has converged.
+    live.apply(frame(2, 2, [(2, "s", 0.2, True)]))
+    assert "".join(p.text for p in live.pieces(PALETTE)) == f"The dogs sat.{UNWRITTEN_GLYPH}\nafter"
+    assert live.counts() == {"pending": 0, "unwritten": 1, "noise": 0, "accepted": 1, "converged": 1}
+    # A server that predates the field never sends it: its slots are written.
+    old = SlotUpdate.model_validate({"i": 5, "token": 9, "text": "!", "accepted": False})
+    live.apply(GenProgress(gen="g1", seq=3, step=3, max_steps=8, slots=[old], accepted=0, free=3))
+    assert old.written and live.slots[5].state == "noise"
+    assert "".join(p.text for p in live.pieces(PALETTE)) == "The dogs sat.!\nafter"
 
 
 segments = st.lists(

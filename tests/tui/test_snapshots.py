@@ -1,4 +1,5 @@
-"""SVG snapshots (pytest-textual-snapshot) of the editor at 80x24: idle, mid-generation, proposal, help.
+"""SVG snapshots (pytest-textual-snapshot) of the editor at 80x24: idle, mid-generation (diffusion, and an AR infill
+with slots still unwritten), proposal, help.
 
 A snapshot must not depend on timing, so these run without a server on the scenes of `tests.tui.scenes`. Update
 them after a deliberate change with `pytest tests/tui/test_snapshots.py --snapshot-update`.
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.tui.scenes import app_for, generating, opened, proposal_shown
+from tests.tui.scenes import app_for, ar_midway, generating, opened, proposal_shown
 
 pytest.importorskip("pytest_textual_snapshot", reason="needs pytest-textual-snapshot (the test extra)")
 
@@ -22,6 +23,10 @@ def test_idle(snap_compare: Any, tmp_path: Path) -> None:
 
 def test_generating_with_entropy_colours(snap_compare: Any, tmp_path: Path) -> None:
     assert snap_compare(app_for(tmp_path), run_before=generating)
+
+
+def test_ar_infill_midway_shows_unwritten_slots_as_blanks(snap_compare: Any, tmp_path: Path) -> None:
+    assert snap_compare(app_for(tmp_path), run_before=ar_midway)
 
 
 def test_proposal_diff(snap_compare: Any, tmp_path: Path) -> None:

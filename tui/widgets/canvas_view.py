@@ -131,7 +131,7 @@ class CanvasView(ScrollView, can_focus=True):
             self._drawn_frames = source.frames
             self.live_frames_drawn += 1
             self.last_live_text = "".join(text for line in new for text, _, _ in line)
-            self.last_live_drafts = [display(d.text) or "·" for d in source.slots.values()]
+            self.last_live_drafts = [d.shown for d in source.slots.values()]
         self.virtual_size = Size(self._width(), len(new))
         repainted = self._repaint(old, new)
         if frame:

@@ -12,7 +12,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.live import PENDING_GLYPH, LiveCanvas, ProposalView
+from tui.live import PENDING_GLYPH, UNWRITTEN_GLYPH, LiveCanvas, ProposalView
 from tui.render import ramp_legend
 
 
@@ -22,6 +22,8 @@ class ModeLine(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" pinned", style=palette["pinned"])
         t.append(f"  {PENDING_GLYPH}{counts['pending']}", style=palette["pending"])
+        if counts["unwritten"]:  # AR rows only: the slots the writer has still to reach
+            t.append(f"  {UNWRITTEN_GLYPH}{counts['unwritten']} to write", style=palette["unwritten"])
         t.append(f"  noise {counts['noise']}", style=palette["noise"])
         t.append(f"  accepted {counts['accepted']}", style=palette["accepted"])
         t.append(f"  converged {counts['converged']}", style=palette["converged"])
