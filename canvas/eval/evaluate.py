@@ -22,6 +22,9 @@ degenerate (`canvas.eval.choice` holds the targets and the choice of the model's
 Speed: tokens per forward = free slots filled / model forwards; seconds per canvas = wall time from submit to
 done, context encoding included (the engine's context cache is off), at batch 1, after one warm-up canvas.
 The headline figures are those of the model's default mode for each kind of task (`canvas.sampling.modes`).
+
+`--task clients` and `--task code` evaluate running servers instead (`canvas.eval.remote`): the requests real clients
+send, and infill on held-out Python.
 """
 
 from __future__ import annotations
@@ -432,6 +435,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "with a sweep, the operating point (fastest within 10%% of its best judge perplexity) into "
                         "its generation_config.json")  # fmt: skip
     parser.set_defaults(func=run)
+    from canvas.eval.remote import register_remote
+
+    register_remote(parser)  # --task clients|code against running servers (canvas.eval.remote)
     parser.add_argument("--card", action="store_true",
                         help="write the evaluation into the model's README.md (the block 'main', or 'defaults' with "
                              "--write-defaults; text around the block is kept)")  # fmt: skip
@@ -459,6 +465,10 @@ def run(args: argparse.Namespace) -> int:
     from canvas.eval.report import card_section, markdown, update_card
     from canvas.model.cpu import dtype_name
 
+    if args.task != "quality":
+        from canvas.eval.remote import run_remote
+
+        return run_remote(args)
     console = Console(stderr=True)
 
     def fail(message: str) -> int:

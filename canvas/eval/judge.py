@@ -3,7 +3,8 @@
 `Judge.score(text, start, end, seam_tokens=k)` tokenizes the whole `text` with the judge's own tokenizer, runs one
 causal forward, and returns the summed negative log-likelihood (nats) of the judge tokens that start inside
 `[start, end)` (the span) and, separately, of the first `k` judge tokens that start at or after `end` (the seam:
-the text right after an infill, which a fill that ignores its right context makes surprising). Each token is
+the text right after an infill, which a fill that ignores its right context makes surprising); `token_nlls` gives
+the same per token (the client eval's noise share counts tokens above a bound). Each token is
 scored given everything before it, so the left context conditions the span. The very first token of `text` has
 nothing before it and is never scored. Token-to-span assignment uses the tokenizer's character offsets: a token
 straddling a boundary belongs to the part it starts in.
@@ -86,9 +87,26 @@ class Judge:
         ids, starts = self.tokens(text)
         span = [k for k, s in enumerate(starts) if start <= s < end and k > 0]
         seam = [k for k, s in enumerate(starts) if s >= end and k > 0][:seam_tokens]
-        scored = span + seam
-        if not scored:
+        if not span + seam:
             return SpanScore(0.0, 0)
+        nll = self._nlls(ids, span + seam)
+        n = len(span)
+        return SpanScore(float(nll[:n].sum()), n, float(nll[n:].sum()), len(seam))
+
+    @torch.no_grad()
+    def token_nlls(self, text: str, start: int, end: int) -> list[tuple[int, float]]:
+        """(start character, NLL in nats) of each judge token that starts inside `[start, end)` of `text`, each
+        given everything before it (the text's first token, with nothing before it, is left out)."""
+        if not 0 <= start <= end <= len(text):
+            raise ValueError(f"span [{start}, {end}) is outside a text of {len(text)} characters")
+        ids, starts = self.tokens(text)
+        span = [k for k, s in enumerate(starts) if start <= s < end and k > 0]
+        if not span:
+            return []
+        return [(starts[k], float(v)) for k, v in zip(span, self._nlls(ids, span).tolist(), strict=True)]
+
+    def _nlls(self, ids: list[int], scored: list[int]) -> torch.Tensor:
+        """NLL of each token index in `scored` (ascending, all > 0) of `ids`, from one causal forward; (S,)."""
         # Keep at most max_tokens: drop left context first (it only conditions), never a scored token.
         first, last = scored[0], scored[-1]
         if last - first + 1 > self.max_tokens - 1:
@@ -99,9 +117,7 @@ class Judge:
         logits = self.model(input_ids=window).logits[0].float()  # (T, V)
         positions = torch.tensor(scored, dtype=torch.long, device=device) - lo  # targets, in window coordinates
         logp = torch.log_softmax(logits[positions - 1], dim=-1)  # (S, V): token k is predicted at k - 1
-        nll = -logp.gather(1, window[0, positions][:, None])[:, 0].double()  # (S,)
-        n = len(span)
-        return SpanScore(float(nll[:n].sum()), n, float(nll[n:].sum()), len(seam))
+        return -logp.gather(1, window[0, positions][:, None])[:, 0].double()  # (S,)
 
 
 def default_judge_path() -> Path:

@@ -4,7 +4,8 @@
 text's, null share, seconds; degenerate runs flagged), the headline (the default modes), the quality-speed sweep
 and the targets;
 `card_metrics(result)` is the flat `{metric: value}` the exporter's model card takes; `card_section` and
-`update_card` put a whole evaluation into a model card (`dcanvas eval --card`). All read only the JSON that
+`update_card` put a whole evaluation into a model card (`dcanvas eval --card`). `clients_markdown` and `code_markdown`
+render the results of `--task clients` and `--task code`. All read only the JSON that
 `canvas.eval.evaluate.evaluate` returns, so a saved `--out` file can be rendered again later.
 
 `update_card` owns one block per key between marker comments and rewrites only that block, so the hand-written
@@ -187,3 +188,67 @@ def update_card(path: Path, key: str, section: str) -> None:
             after = "".join(lines[nxt:])
             text = "".join(lines[:nxt]).rstrip("\n") + "\n\n" + block + ("\n" + after if after else "")
     path.write_text(text, encoding="utf-8")
+
+
+def clients_markdown(result: dict[str, Any]) -> str:
+    """`dcanvas eval --task clients`: one row per server and request shape, then examples beside the human text."""
+    servers = ", ".join(f"{k} {v}" for k, v in result["servers"].items())
+    cfg = result["config"]
+    lines = [
+        f"## Client requests ({servers})",
+        "",
+        f"Judge: {result['judge']}; {result['samples']} half-typed lines of {result.get('data', 'held-out text')}, "
+        f"seed {cfg['seed']}. Noise: tokens above {cfg['noise_nats']:g} nats under the judge; echo: word 4-grams "
+        "also in the text after the cursor; first-line ratio: judge perplexity of the suggestion's first line over "
+        "the human text's; length: median of characters / the human text's. In brackets, the human text's own.",
+        "",
+        "| server | shape | n | errors | empty | noise (human) | echo (human) | first-line ratio | length ratio "
+        "| s median | s p95 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["results"]:
+        lines.append(
+            f"| {r['server']} | {r['shape']} | {r['requests']} | {r['errors']} | {_pct(r['empty_share'])} | "
+            f"{_pct(r['noise_share'])} ({_pct(r['noise_share_human'])}) | "
+            f"{_pct(r['echo_share'])} ({_pct(r['echo_share_human'])}) | {_f(r['first_line_ratio'])} | "
+            f"{_f(r['length_ratio_median'])} | {_f(r['seconds_median'])} | {_f(r['seconds_p95'])} |"
+        )
+    errors = [(r["server"], r["shape"], e) for r in result["results"] for e in r["error_examples"]]
+    if errors:
+        lines += ["", "Errors: " + "; ".join(f"{s} {shape}: {e}" for s, shape, e in errors)]
+    lines += _examples(result["examples"], "shape")
+    return "\n".join(lines) + "\n"
+
+
+def code_markdown(result: dict[str, Any]) -> str:
+    """`dcanvas eval --task code`: one row per server and gap kind, then examples beside the human lines."""
+    servers = ", ".join(f"{k} {v}" for k, v in result["servers"].items())
+    lines = [
+        f"## Code infill ({servers})",
+        "",
+        f"{result['tasks']} gaps in held-out Python ({'; '.join(result['sources'])}), `/infill` at an emptied line, "
+        "greedy. Exact: the lines equal the human ones (whitespace at the ends aside); tests: the function's "
+        "doctests pass with the suggestion in place (they fail with the gap empty).",
+        "",
+        "| server | kind | n | errors | empty | exact match | tests passed | s median | s p95 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["results"]:
+        lines.append(
+            f"| {r['server']} | {r['kind']} | {r['tasks']} | {r['errors']} | {_pct(r['empty_share'])} | "
+            f"{_pct(r['exact_match'])} | {_pct(r['tests_passed'])} | {_f(r['seconds_median'])} | "
+            f"{_f(r['seconds_p95'])} |"
+        )
+    lines += _examples(result["examples"], "task")
+    return "\n".join(lines) + "\n"
+
+
+def _examples(examples: list[dict[str, Any]], key: str) -> list[str]:
+    if not examples:
+        return []
+    out = ["", "Examples (`[[...]]` the server's text, `{...}` the human text in its place):", "", "```"]
+    for ex in examples:
+        shown = f"[[{ex['output']}]]" if not ex.get("error") or ex["output"] else f"(error: {ex['error']})"
+        out.append(f"{ex['server']} {ex[key]}: ...{_one_line(ex['before'][-120:])}{_one_line(shown)}")
+        out.append(f"{ex['server']} {ex[key]} human: {{{_one_line(ex['human'])}}}")
+    return [*out, "```"]

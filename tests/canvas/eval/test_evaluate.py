@@ -118,6 +118,16 @@ def test_judge_score_matches_a_prefix_by_prefix_oracle(judge: Judge) -> None:
     assert got.nll == pytest.approx(sum(oracle_nll(judge, ids, k) for k in span), rel=1e-4)
     assert got.seam_nll == pytest.approx(sum(oracle_nll(judge, ids, k) for k in seam), rel=1e-4)
     assert judge.score(text, start, start).total_tokens == 0  # an empty span without a seam scores nothing
+
+
+def test_judge_token_nlls_are_the_score_per_token(judge: Judge) -> None:
+    text = "She opened the window, looked at the garden, and began to write."
+    start, end = text.index("looked"), text.index(", and")
+    per_token = judge.token_nlls(text, start, end)
+    _, starts = judge.tokens(text)
+    assert [s for s, _ in per_token] == [s for s in starts if start <= s < end]
+    assert sum(v for _, v in per_token) == pytest.approx(judge.score(text, start, end).nll, rel=1e-9)
+    assert judge.token_nlls(text, start, start) == []
     assert judge.score(text, 0, 5).tokens == len([s for s in starts[1:] if s < 5])  # the first token never
 
 
