@@ -13,6 +13,8 @@ CPU kernels in C++ (`impl="auto"|"cpp"|"ref"`, built once per machine by `kernel
 reference with one warning where they cannot be built):
 - `kernels.q8_gemm.q8_linear`: int8 weights and activations, a scale per block of 32 along K (AVX-512 VNNI);
 - `kernels.rmsnorm_cpu.rms_norm_fused`: RMSNorm with its residual add and layer scale in one call.
+`kernels._cpp` builds them into a directory keyed by their sources' contents, flags and torch version, under
+`kernels._build_lock` (a flock that dies with its holder, a stage per builder, a timeout that names the holder).
 `python -m kernels.bench` times them on CUDA, `python -m kernels.cpu_bench` the CPU ones. The kernels are
 forward-only: "auto" uses the references whenever an input requires grad.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -57,6 +58,8 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
         from canvas.convert.resolve import resolve_model
 
         model_dir = resolve_model(config.model_dir).path  # raises ModelUnavailable (a FileNotFoundError)
+        # Loading takes seconds to minutes (weights, the dtype probe, a first build of the CPU kernels): say so first.
+        print(f"dcanvas: loading the model in {model_dir}...", file=sys.stderr, flush=True)
         backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
     own_store = store is None
     # DCANVAS_STORE_FAULTS (soak tests only) wraps the store in one that fails on purpose (canvas.server.faults).
