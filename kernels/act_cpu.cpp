@@ -5,8 +5,8 @@
 // contiguous, gate the first I columns of a row and up the last I -> (R, I) = gelu_tanh(gate) * up. softcap_: x fp32
 // contiguous, any shape, in place: x = tanh(x / cap) * cap, cap > 0.
 // Why: in torch each is three ops over the whole tensor (a chunk's views, gelu, mul; div, tanh, mul), each a pass
-// over memory and a dispatch, on a few rows a step: at 16 rows a decode step spent ~1 ms in gelu and its multiply and
-// ~0.7 ms in the soft-cap of (16, 98304) logits. One pass here.
+// over memory and a dispatch, on a few rows a step, where the passes and dispatches, not the arithmetic, are the
+// cost. One pass here (BENCHMARKS.md, "Kernels").
 // Numerics: gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3) (no
 // cancellation near 0; 1 / (1 + e) a reciprocal estimate refined once, ~23 bits); tanh is cpu_math.h's (a few ulp
 // relative, small arguments included: a tiny model's logits are all near 0), exp its polynomial (within 2 ulp): the

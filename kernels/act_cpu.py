@@ -8,8 +8,8 @@ kernels beside this file (`act_cpu.cpp`, built by `kernels._cpp` with the other 
 - `softcap_(x, cap)`: in place, `tanh(x / cap) * cap` (`DiffusionModel.logits`' final soft-cap).
 
 Why: each is three torch ops over the tensor (views, the activation, a multiply), a pass over memory and a dispatch
-each, on a few rows a step; at 16 rows a decode step spent ~1 ms in the MLP's gelu and multiply and ~0.7 ms in the
-soft-cap of (16, 98304) logits. One pass each here.
+each, on a few rows a step, where the passes and dispatches, not the arithmetic, are the cost. One pass each here
+(BENCHMARKS.md, "Kernels").
 Numerics: fp32; the kernels' exp is a polynomial (within 2 ulp) and their tanh is `cpu_math.h`'s (a few ulp
 relative, near 0 too), so they agree with the references to fp32 rounding, not bit for bit.
 

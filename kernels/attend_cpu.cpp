@@ -47,7 +47,7 @@ constexpr int RMAX = 8;  // query heads a KV head serves, at most (Gemma-3-270M:
 // Keys are scored in blocks of 4 while the key rows kAhead further on are prefetched. Values are weighed in blocks of
 // kValueBlock rows (16 KB at D = 256), which stay in L1 across the block's passes over D and the query heads (one
 // pass over every key per 64 dims read each value row four times, from L2 at best); the next block is prefetched
-// meanwhile. On the 8-row decode step of Gemma-3-270M: 28.7 -> 25.8 ms (BENCHMARKS.md, issue 31).
+// meanwhile, which took a tenth off the 8-row decode step of Gemma-3-270M (BENCHMARKS.md, "Kernels").
 constexpr int64_t kAhead = 8;
 constexpr int64_t kValueBlock = 16;
 

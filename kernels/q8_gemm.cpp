@@ -235,8 +235,8 @@ inline void tile(const Args& a, int64_t m, int64_t g) {
     const uint8_t* wb = w + b * (QK / 4) * GB;
     const int8_t* xq = a.xq + m * a.Kp + b * QK;
     // Prefetch each group's weights PF blocks ahead: at 8 rows the tile's dot products take about as long as
-    // reading its weights, and the hardware prefetcher alone leaves the two in series (a step's q8 GEMMs at 8
-    // rows: 10.5 -> 9.9 ms, median of four A/B pairs; PF 2-8 measured, 4 best; BENCHMARKS.md, issue 31).
+    // reading its weights, and the hardware prefetcher alone leaves the two in series (PF 2-8 measured, 4 best;
+    // BENCHMARKS.md, "Kernels").
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 8

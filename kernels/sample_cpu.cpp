@@ -11,9 +11,9 @@
 // logp (K,) fp32): logp is the drawn token's log-softmax over the raw row at temperature 1, bans included (the
 // drafting frame's likelihood).
 // Why: in torch the same draw is ~8 passes over (K, V) with a (K, V) tensor allocated for most (log_softmax, the
-// banned clone, the tempered division, softmax, cumsum): 4.4 ms for 8 rows of a 96k vocabulary on 2 cores, a fifth
-// of the 8-lane decode step. Here each row is copied once into a per-thread scratch (L2-resident at 96k) and read
-// from there: ~0.1 ms a row.
+// banned clone, the tempered division, softmax, cumsum), a sizeable share of the 8-lane decode step at a 96k
+// vocabulary. Here each row is copied once into a per-thread scratch (L2-resident at 96k) and read from there
+// (BENCHMARKS.md, "Kernels").
 // Numerics: exp is cpu_math.h's (within 2 ulp); sums are in another order than torch's softmax and cumsum, so a draw
 // lands on the other side of a token boundary only when u is within fp32 rounding of it.
 

@@ -9,9 +9,9 @@ uniform a row makes the draw (the caller's generator fixes the stream); temperat
 token (greedy; u unread). Also returned: the drawn token's log-softmax over the raw row at temperature 1, bans
 included (the drafting frame's likelihood of what was written).
 
-Why: in torch the draw is ~8 passes over (K, V), most allocating a (K, V) tensor: 4.4 ms for the 8 drafts of a
-96k vocabulary on 2 cores, a fifth of their decode step, against ~0.3 ms for one row. The kernel copies each row
-once into a per-thread scratch and reads it from cache (`sample_cpu.cpp`).
+Why: in torch the draw is ~8 passes over (K, V), most allocating a (K, V) tensor, a sizeable share of the drafts'
+decode step at a 96k vocabulary. The kernel copies each row once into a per-thread scratch and reads it from cache
+(`sample_cpu.cpp`; BENCHMARKS.md, "Kernels").
 
 Numerics: sums in another order than torch's softmax and cumsum: a draw differs from the reference's only when its
 uniform lands within fp32 rounding of a token boundary; log-probabilities agree to ~1e-6.

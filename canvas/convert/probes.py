@@ -12,7 +12,7 @@ fiction), technical prose (package READMEs shipped in wheels: starlette, httpx, 
 None of it is in the corpus (the Bible, Austen, the Python documentation's reST, fortunes). Each record says its
 source and licence. `python -m canvas.convert.probes build SRC_DIR` rebuilds the file from those sources (how
 exactly is in `build`); `... sweep` prints tokens per character for several trimmed sizes. The committed file is
-what every measurement reads, so figures stay comparable across sessions.
+what every measurement reads, so figures stay comparable from run to run.
 """
 
 from __future__ import annotations

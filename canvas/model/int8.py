@@ -9,8 +9,9 @@ setting), `scheme_for` (what a served model gets: "auto", the default, is "q8" f
 `row_limit`.
 
 Why: a decode step multiplies one row (or a few) by every weight, so it is bound by reading them: fp32 is ~560 MB
-a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (the 32k
-head at 8 rows: 10x its one-row time), which makes the batched step cost nearly what 8 steps do.
+a token for the converted Gemma-3-270M. And fp32 GEMMs with a few rows run far below memory speed on x86 (a
+vocabulary-sized head at 8 rows costs several times its one-row time), which makes the batched step cost nearly what
+8 steps do.
 
 Schemes (fp32 models only; a bf16 model keeps its own path):
 - "weight": weight-only int8 (`aten._weight_int8pack_mm`) with bf16 activations, every projection. The kernel needs
@@ -63,21 +64,20 @@ ENV_VAR = "DCANVAS_DECODE_INT8"
 DECODE_ROWS = 16
 # ... per scheme (`DiffusionModel.encode` reads it unless `int8_rows` overrides it). "weight" and "dynamic": decode
 # steps only (their kernels lose to fp32's oneDNN GEMM at many rows, and prefill keeps exact fp32). "q8": every
-# `encode` pass, prefill included: its VNNI kernel beats fp32 at every row count measured (256 rows: 2.5-2.9x,
-# `python -m kernels.cpu_bench`), and its fidelity bound is measured with every pass through it (`dcanvas model
-# check --int8 q8`); where the kernel is built without VNNI (an AVX2-only CPU) only passes of few rows (`row_limit`).
-# The denoiser and training never use int8.
+# `encode` pass, prefill included: its VNNI kernel beats fp32 at every row count measured (`python -m
+# kernels.cpu_bench`; BENCHMARKS.md, "Kernels"), and its fidelity bound is measured with every pass through it
+# (`dcanvas model check --int8 q8`); where the kernel is built without VNNI (an AVX2-only CPU) only passes of few
+# rows (`row_limit`). The denoiser and training never use int8.
 ROW_LIMITS: dict[Scheme, int] = {"weight": DECODE_ROWS, "dynamic": DECODE_ROWS, "q8": 1 << 30}
-# "q8" without VNNI: up to here it beats oneDNN's fp32 GEMM on AVX2 code paths (q8 / fp32 at 24 rows 0.56-0.88 by
-# projection, at 32 rows 0.62-1.07, at 48 rows 0.71-1.19; BENCHMARKS.md, issue 31): the AR rows of a few users' drafts.
+# "q8" without VNNI: up to about here it beats oneDNN's fp32 GEMM on AVX2 code paths, projection by projection (the
+# measured crossover: BENCHMARKS.md, "AR decoding vs llama.cpp"), which covers the AR rows of a few users' drafts.
 Q8_AVX2_ROWS = 32
 
 
 def row_limit(scheme: Scheme) -> int:
     """The most rows an encoder pass may have to run on `scheme`'s int8 weights on this machine: `ROW_LIMITS`, but
     "q8" only up to `Q8_AVX2_ROWS` where its kernel lacks VNNI: the AVX2 path multiplies by int16 pairs, so oneDNN's
-    fp32 GEMM beats it at prefill's row counts (256-token prefill on AVX2 code paths: 302 tok/s through q8, 668
-    in fp32; BENCHMARKS.md, issue 31)."""
+    fp32 GEMM beats it at prefill's row counts (BENCHMARKS.md, "AR decoding vs llama.cpp")."""
     if scheme == "q8" and q8_gemm.build_isa() != "avx512_vnni":
         return Q8_AVX2_ROWS
     return ROW_LIMITS[scheme]

@@ -52,7 +52,8 @@ class SamplerConfig:
     ar_temperature: float = 0.0  # AR mode: 0 is greedy
     # AR mode, an infill or rewrite gap of more than `ar_long_gap` tokens drafts at `ar_temperature_long` instead
     # (0: off, every gap at `ar_temperature`): with FIM prompting a 64-token middle sampled at the temperature that
-    # puts 32-token fills in the judge's band runs hot (fill ratio 1.8-3.5; BENCHMARKS.md, issue 29/30).
+    # puts 32-token fills in the judge's band ran hot with early adapters; the default's adapters do not need it
+    # (BENCHMARKS.md, "Suffix-aware infill quality").
     ar_long_gap: int = 0
     ar_temperature_long: float = 0.7
     # Share of each gap (a run of free slots with a pin after it) that must hold text: `<null>` is never sampled in
@@ -68,8 +69,8 @@ class SamplerConfig:
     # side from the left context at `ar_temperature`, each may end at a clause or sentence end or at the gap's budget,
     # and each (draft, ending) is scored by the model's log-likelihood of the first `ar_seam_tokens` pinned tokens
     # after it. ar_drafts=1 with ar_seam_tokens=0 is the plain left-to-right fill (every free slot, no `<null>`).
-    # Defaults measured on held-out text (BENCHMARKS.md, "AR infill"): 8 drafts and 8 seam tokens cut the judge's
-    # seam perplexity ratio from 2.7 to 1.3 on 32-token gaps.
+    # Defaults measured on held-out text (BENCHMARKS.md, "Suffix-aware infill quality"): drafts chosen by their seam
+    # join the text after the gap far better than one plain left-to-right fill.
     ar_drafts: int = 8
     ar_seam_tokens: int = 8
     ar_min_fill: float = 0.5  # the shortest ending keeps this share of the gap (the rest becomes `<null>`)
@@ -201,8 +202,8 @@ def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: f
         drop = cum - sorted_.softmax(-1) >= top_p  # a token goes once the ones before it already reach top_p
         out = out.scatter(-1, order, sorted_.masked_fill(drop, -math.inf))
     if min_p > 0:
-        # p / p_max < min_p  <=>  logit < max logit + log(min_p): no softmax over the vocabulary (3 ms for 8 rows of
-        # 96k on 2 cores, a fifth of a decode step); the cuts above never remove the maximum.
+        # p / p_max < min_p  <=>  logit < max logit + log(min_p): no softmax over the vocabulary, which cost a sizeable
+        # share of a decode step (BENCHMARKS.md, "Kernels"); the cuts above never remove the maximum.
         floor = out.max(dim=-1, keepdim=True).values + math.log(min_p)  # (K, 1)
         out = out.masked_fill(out < floor, -math.inf)
     return out
@@ -210,10 +211,10 @@ def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: f
 
 def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """One index a row drawn from probs (K, V) (non-negative, any positive sum) -> (K,): by inverting the cumulative
-    sum at a uniform draw. Why not `torch.multinomial`: on the CPU it draws V random numbers a row (~19 ms for 8 rows
-    of a 98k vocabulary, more than the decode step it follows); this draws one (0.3 ms). Never returns an index of
-    zero probability: the draw is kept below the total, and the first cumulative sum above it belongs to a token
-    whose probability is positive (`kernels.sample_cpu.inverse_cdf`)."""
+    sum at a uniform draw. Why not `torch.multinomial`: on the CPU it draws V random numbers a row, which at a 98k
+    vocabulary cost more than the decode step it follows; this draws one (BENCHMARKS.md, "Kernels"). Never returns an
+    index of zero probability: the draw is kept below the total, and the first cumulative sum above it belongs to a
+    token whose probability is positive (`kernels.sample_cpu.inverse_cdf`)."""
     return inverse_cdf(probs, torch.rand(probs.shape[0], generator=generator, device=probs.device))
 
 

@@ -164,8 +164,8 @@ def head_cross_entropy(
 ) -> Tensor:
     """Per-token CE of the LM head: final RMSNorm, tied projection, fp32 softcap, as `DiffusionModel.logits`.
 
-    h (N, M), targets (N,) -> (N,) fp32. (`torch.compile` of this function did not pay on the 2-core CPU: measured
-    1.32 s vs 1.25 s of CPU time per canvas-6m step, batch 8.)
+    h (N, M), targets (N,) -> (N,) fp32. (`torch.compile` of this function did not pay on the 2-core CPU: a canvas-6m
+    step took a little more CPU time with it than without.)
     """
     x = h.float()
     x = (x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5) * norm.float()).type_as(h)

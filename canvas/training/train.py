@@ -8,9 +8,9 @@ from the checkpoint when there is one. Batches are drawn from generators seeded 
 run trains on exactly the batches an uninterrupted one would.
 
 Learning rate: warmup, constant, then linear decay over the last `decay_frac` of `max_steps` (warmup-stable-decay),
-so a run can be extended while it is in its stable phase. `--max-minutes` bounds one invocation (sessions end
-abruptly; the CPU is shared) and `--threads` the torch threads. `dcanvas train --bench` prints the decoder latency
-of the configured model (one 256-token canvas, batch 1, with self-conditioning) and exits; `--export DIR` writes
+so a run can be extended while it is in its stable phase. `--max-minutes` bounds one invocation (a process may be
+stopped at any time; the CPU is shared) and `--threads` the torch threads. `dcanvas train --bench` prints the decoder
+latency of the configured model (one 256-token canvas, batch 1, with self-conditioning) and exits; `--export DIR` writes
 the trained model in HF format with its tokenizer and model card (`canvas.training.export`).
 """
 
@@ -83,7 +83,7 @@ class TrainConfig:
     min_lr_frac: float = 0.05  # the decay phase ends at lr * min_lr_frac
     warmup_steps: int = 200
     decay_frac: float = 0.2  # share of max_steps spent decaying the lr
-    max_steps: int = 10_000  # ~6-7 h at the ~2.3 s per step measured on the shared 2-core CPU
+    max_steps: int = 10_000  # hours on a 2-core CPU, not days (`dcanvas train --bench` times a step)
     weight_decay: float = 0.1  # matrices only; norms, scales and routers' per-expert scales are not decayed
     grad_clip: float = 1.0
     log_every: int = 10
