@@ -7,10 +7,11 @@ A replica's stream yields exactly one of these first, then (after `Accepted` onl
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from canvas.engine.scheduling import Placement
-from canvas.engine.types import Event, Frame
+from canvas.engine.types import Event, Frame, GenRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +61,11 @@ def coalesce(batch: list[Event]) -> tuple[Event, ...]:
     kept = [ev for ev, nxt in zip(batch, batch[1:], strict=False)
             if not (isinstance(ev, Frame) and isinstance(nxt, Frame) and nxt.canvas_index == ev.canvas_index)]
     return (*kept, batch[-1])
+
+
+def fingerprint(request: GenRequest) -> str:
+    """What version of its document a generation serves, as far as an engine can tell: a short hash of the text
+    around the canvas and the canvas's pinned slots. Two generations of one document with different fingerprints
+    were started on different versions of it (`dcanvas bench soak` checks no two replicas serve those at once)."""
+    key = repr((request.context_ids, request.slot_ids, request.pinned)).encode()
+    return hashlib.blake2b(key, digest_size=6).hexdigest()

@@ -16,7 +16,11 @@ first record:
 
 A stream that fails after acceptance without having been cancelled (the replica died: Ray's ActorDiedError, or any
 other error) ends the generation with `Done(status="unavailable")`: retryable, nothing in the document is lost,
-and the next `gen.start` lands on a live replica. Every handle gets exactly one `Done`, whatever happens.
+and the next `gen.start` lands on a live replica. So does a replica that went silent: a watchdog (running while any
+stream is open) ends a generation whose stream sent nothing for `silent_s` while its replica posted no figures for
+as long (a stopped or wedged process: Ray sees no error until its health check gives up, much later), and cancels
+its stream, so whatever that replica does when it wakes goes nowhere. Every handle gets exactly one `Done`,
+whatever happens.
 
 Invariant: this module imports no Ray; `canvas.cluster.deploy` adapts a Serve handle to `Replicas`.
 """
@@ -30,12 +34,16 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused
+from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused, fingerprint
 from canvas.engine.scheduling import Placement
 from canvas.engine.types import Done, Event, GenHandle, GenRequest, cancelled_done
 from canvas.server.admission import Admitted, Busy
 
 log = logging.getLogger("canvas.cluster")
+# A generation whose stream and replica (its posted figures) have both said nothing for this long is ended as
+# `unavailable`: a replica posts every second and a running generation streams every step, so only a stopped or
+# wedged process stays this quiet (a queued generation is quiet too, but its replica keeps posting).
+SILENT_S = 15.0
 
 
 class Stream(Protocol):
@@ -71,23 +79,27 @@ class Unavailable(Busy):
 
 
 class RemoteHandle(GenHandle):
-    """A generation on a replica: `ref` says which (for `replacing`)."""
+    """A generation on a replica: `ref` says which (for `replacing`); `doc` and `fp` what it serves (/health)."""
 
     def __init__(self, ref: EngineRef, on_event: Callable[[Event], None] | None, request: GenRequest,
-                 withdraw: Callable[[GenHandle], None]) -> None:
+                 withdraw: Callable[[GenHandle], None], doc: str = "") -> None:
         super().__init__(ref.gen_id, on_event, request, withdraw)
-        self.ref = ref
+        self.ref, self.doc, self.fp = ref, doc, fingerprint(request)
+        self.heard = time.monotonic()  # when its stream last sent anything
 
 
 class RemoteAdmission:
     """`Admits` over engine replicas. Runs on the ingress's event loop."""
 
     def __init__(self, replicas: Replicas, *, first_record_s: float = 30.0, stats_timeout_s: float = 2.0,
-                 stats_ttl_s: float = 1.0, stale_after_s: float = 5.0) -> None:
+                 stats_ttl_s: float = 1.0, stale_after_s: float = 5.0, silent_s: float = SILENT_S) -> None:
         self.replicas = replicas
         self.first_record_s = first_record_s  # a replica starting up or a full router queue answers within this
         self.stats_timeout_s, self.stats_ttl_s, self.stale_after_s = stats_timeout_s, stats_ttl_s, stale_after_s
-        self.counts: dict[str, int] = {"admitted": 0, "refused": 0, "unavailable": 0, "respread": 0}
+        self.silent_s = silent_s
+        self._silenced: dict[GenHandle, str] = {}  # generations the watchdog ended: why
+        self._watchdog: asyncio.Task[None] | None = None
+        self.counts: dict[str, int] = {"admitted": 0, "refused": 0, "unavailable": 0, "respread": 0, "silenced": 0}
         self._pumps: dict[GenHandle, tuple[Stream, asyncio.Task[None]]] = {}
         self._stats: tuple[float, dict[str, Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -105,10 +117,13 @@ class RemoteAdmission:
             raise Busy(first.placement, first.max_queue, first.est_wait_s, first.retry_after_s)
         if isinstance(first, Invalid):
             raise ValueError(first.message)
-        handle = RemoteHandle(EngineRef(first.replica, first.gen_id), on_event, request, self._withdraw)
+        handle = RemoteHandle(EngineRef(first.replica, first.gen_id), on_event, request, self._withdraw,
+                              doc=affinity or "")  # fmt: skip
         handle.position = first.placement.position
         task = asyncio.create_task(self._pump(handle, stream), name=f"dcanvas-remote-{first.replica}-{first.gen_id}")
         self._pumps[handle] = (stream, task)
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._watch(), name="dcanvas-remote-watchdog")
         self.counts["admitted"] += 1
         return Admitted(handle, first.placement, first.est_wait_s)
 
@@ -164,6 +179,7 @@ class RemoteAdmission:
         done: Done | None = None
         try:
             async for item in stream:
+                handle.heard = time.monotonic()
                 for ev in item if isinstance(item, tuple) else (item,):  # a replica sends events in tuples
                     if isinstance(ev, Done):
                         done = ev
@@ -173,9 +189,11 @@ class RemoteAdmission:
                     break
             if done is None:
                 raise RuntimeError("the replica's stream ended without a Done")
-        except asyncio.CancelledError:  # the ingress shutting down
+        except asyncio.CancelledError:  # the ingress shutting down, or the watchdog (`_watch`)
             stream.cancel()
-            done = cancelled_done(handle)
+            silenced = self._silenced.pop(handle, None)
+            done = cancelled_done(handle) if silenced is None else Done(
+                handle.id, "unavailable", (), 0, 0, 0, 0.0, error=silenced)
         except Exception as e:
             if handle.cancelled:  # we cancelled the stream: Ray reports it as an error
                 done = cancelled_done(handle)
@@ -187,6 +205,32 @@ class RemoteAdmission:
             self._pumps.pop(handle, None)
             if done is not None:
                 handle._emit(done)
+
+    async def _watch(self) -> None:
+        """While streams are open: every second, end the generations whose stream and replica both went silent
+        for `silent_s` (`Done(status="unavailable")`, retryable), and cancel their streams."""
+        while self._pumps:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            quiet = [h for h in self._pumps if isinstance(h, RemoteHandle) and not h.cancelled
+                     and now - h.heard > self.silent_s and h not in self._silenced]  # fmt: skip
+            if not quiet:
+                continue
+            try:
+                posts = await asyncio.wait_for(self.replicas.figures(), self.stats_timeout_s)
+            except Exception:  # noqa: BLE001 (the board is unreachable: no evidence against any replica)
+                continue
+            for handle in quiet:
+                age = (posts.get(handle.ref.replica) or {}).get("age_s")
+                entry = self._pumps.get(handle)
+                if entry is None or (age is not None and float(age) <= self.silent_s):
+                    continue  # its replica is alive: a long queue wait, a slow step
+                seen = "never posted" if age is None else f"silent for {float(age):.0f} s"
+                log.warning("generation %s on replica %s: the replica is %s; ending it", handle.id,
+                            handle.ref.replica, seen)  # fmt: skip
+                self._silenced[handle] = f"the engine replica {handle.ref.replica} stopped answering ({seen})"
+                self.counts["silenced"] += 1
+                entry[1].cancel()
 
     def stats(self) -> dict[str, Any]:
         """The figures of the last `stats_async` (replicas are asked there)."""
@@ -200,8 +244,10 @@ class RemoteAdmission:
         for handle in self._pumps:
             if isinstance(handle, RemoteHandle):
                 running[handle.ref.replica] = running.get(handle.ref.replica, 0) + 1
+        # What each of its generations serves: [document id, replica, `fingerprint`] (`dcanvas bench soak` checks).
+        serving = [[h.doc, h.ref.replica, h.fp] for h in self._pumps if isinstance(h, RemoteHandle) and not h.cancelled]
         if self._stats is not None and now - self._stats[0] < self.stats_ttl_s:
-            return {**self._stats[1], "running_by_replica": running}
+            return {**self._stats[1], "running_by_replica": running, "running": serving}
         try:
             posts = await asyncio.wait_for(self.replicas.figures(), self.stats_timeout_s)
             error = None
@@ -218,11 +264,13 @@ class RemoteAdmission:
         if error is not None:
             out["error"] = error
         self._stats = (now, out)
-        return {**out, "running_by_replica": running}
+        return {**out, "running_by_replica": running, "running": serving}
 
     async def aclose(self) -> None:
         """Cancel whatever still streams (the server stopped its generations already)."""
         entries = list(self._pumps.values())
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for stream, task in entries:
             stream.cancel()
             task.cancel()

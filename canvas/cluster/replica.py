@@ -31,7 +31,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused, coalesce
+from canvas.cluster.records import Accepted, EngineRef, First, Invalid, Refused, coalesce, fingerprint
 from canvas.engine.backend import load_backend
 from canvas.engine.types import Done, Event, GenHandle, GenRequest
 from canvas.server.admission import Admission, AdmissionConfig, Busy
@@ -79,6 +79,7 @@ class EngineReplica:
         self.counts: Counter[str] = Counter()  # started, and how they ended (completed, cancelled, failed, abandoned)
         self.documents: Counter[str] = Counter()  # generations per document id served here (affinity hits)
         self.live: dict[int, GenHandle] = {}  # engine id -> handle, for `replacing`
+        self.serving: dict[int, tuple[str, str]] = {}  # engine id -> (document id, `fingerprint`), for /health
         self.app = app
         self._poster: asyncio.Task[None] | None = None
 
@@ -113,6 +114,7 @@ class EngineReplica:
             return
         handle = admitted.handle
         self.live[handle.id] = handle
+        self.serving[handle.id] = (doc_id, fingerprint(request))
         self.counts["started"] += 1
         if doc_id:
             self.documents[doc_id] += 1
@@ -128,15 +130,18 @@ class EngineReplica:
                 yield coalesce(batch)
         finally:  # also when Ray cancels this generator (the caller cancelled the stream, or went away)
             self.live.pop(handle.id, None)
+            self.serving.pop(handle.id, None)
             if done is None:
                 handle.cancel()  # free the row now; its Done goes nowhere
             self.counts[done.status if done is not None else "abandoned"] += 1
 
     def figures(self) -> dict[str, Any]:
-        """This replica's counts and its admission's queue figures."""
+        """This replica's counts, its admission's queue figures and what it serves now ([document id, fingerprint]
+        of each generation it runs or queues)."""
         return {"replica": self.replica, "actor": self.actor_name, "pid": self.pid,
                 "node": ray.get_runtime_context().get_node_id(), **self.counts,
-                "documents": len(self.documents), "queue": self.admission.stats()}
+                "documents": len(self.documents), "queue": self.admission.stats(),
+                "serving": [[doc, fp] for doc, fp in self.serving.values()]}
 
     async def stats(self) -> dict[str, Any]:
         self._start_posting()

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from canvas.protocol import ErrorCode, ProtocolError
-from canvas.server.persist import load_live
+from canvas.server.persist import load_live, write_failed
 from canvas.server.state import LiveDoc
 from canvas.store.base import DocumentNotFound, SharedStore
 
@@ -104,7 +104,10 @@ class Peers:
                 pass
         except (DocumentNotFound, ProtocolError):
             pass
-        except Exception:
-            log.exception("catching up with document %s", doc_id)
+        except Exception as e:
+            if write_failed(e):  # the database is restarting: the next request's `guard` re-reads the document
+                log.warning("catching up with document %s: the store is unavailable (%s)", doc_id, e)
+            else:
+                log.exception("catching up with document %s", doc_id)
         finally:
             self._catching_up.discard(doc_id)

@@ -4,6 +4,10 @@ schedule drawn from a seed; afterwards a checker replays what each client was to
 Modules: `schedule` (the fault classes and when each fires), `server` (the server process: start, kill -9,
 restart, resource samples), `writers` (the clients, each the only writer of its document, journalling every
 answer), `actors` (the faults that are clients: a drop mid-generation, a client that never reads, a burst over
-the queue bound), `checker` (the invariants), `run` (the command: wires them together and prints the report).
-The top layer: imports the protocol client, the store and `canvas.server.faults`; `canvas.bench` registers it.
+the queue bound), `cluster` (the faults of the scale-out deployment: replicas killed and stopped, the soak's own
+PostgreSQL restarted and stopped, the ingress restarted; the processes sampled there), `checker` (the invariants),
+`targets` (resource figures and the acceptance targets), `run` (the command: wires them together and prints the
+report).
+The top layer: imports the protocol client, the store, `canvas.server.faults` and the ingress's silent-replica timeout
+(`canvas.cluster.remote`); `canvas.bench` registers it.
 """

@@ -11,17 +11,25 @@ Invariants checked (each broken one is a violation, named with the writer, the t
   store, every acknowledged accept is stored `accepted` (and only those), every acknowledged reject `rejected`.
 - Every generation ended with a typed `gen.done` or with its connection; none `failed`; no request went unanswered;
   no `internal` error; a connection dropped without a close code only while the server was being killed.
+- (Server-side faults) every generation running when a fault ended was answered (its `gen.done`, or its connection
+  lost) within `ANSWER_AFTER_FAULT_S` of that end (`check_answer_times`).
+- (`--ray`) no document is served by two replicas at diverging versions: the ingress streaming generations of one
+  document from two replicas with different fingerprints (`canvas.cluster.records.fingerprint`: different texts) in
+  `ReplicaWatch.PERSIST` samples in a row. Generations a replica runs that no ingress streams (after an ingress
+  kill, or a replica resumed after the ingress gave up on it) go nowhere: they are counted, not violations.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from canvas.soak.actors import ActorLog
 from canvas.soak.writers import MARKER, Known, WriterLog
 from canvas.store.base import DocStore
 
+ANSWER_AFTER_FAULT_S = 30.0
 KILL_SLACK_S = 2.0  # a client notices a killed server a little after the kill
 CHANGES = ("replace", "pin", "mask", "unmask", "undo", "redo", "accept")  # in-flight kinds that change the document
 ABNORMAL = (None, 1006)  # no close frame: the connection was cut
@@ -129,3 +137,67 @@ def check_store(store: DocStore, logs: Sequence[WriterLog]) -> list[str]:
             elif gen in log.rejected and record.outcome != "rejected":
                 out.append(f"{w}: proposal {gen} acknowledged rejected, stored {record.outcome}")
     return out
+
+
+def check_answer_times(logs: Sequence[WriterLog], windows: Sequence[tuple[str, float, float]],
+                       bound_s: float = ANSWER_AFTER_FAULT_S) -> tuple[list[str], float | None]:
+    """Each generation running at the end of a fault window `(kind, start, end)` must have been answered within
+    `bound_s` of that end. The violations, and the slowest answer after a fault's end (seconds; None: none ran)."""
+    out: list[str] = []
+    worst: float | None = None
+    for log in logs:
+        for gen, (t0, t1) in log.gen_times.items():
+            for kind, _, end in windows:
+                if t0 > end or (t1 is not None and t1 <= end):
+                    continue  # started after the fault, or answered before its end
+                took = None if t1 is None else t1 - end
+                worst = max(worst or 0.0, took if took is not None else float("inf"))
+                if took is None or took > bound_s:
+                    said = "never answered" if took is None else f"answered {took:.1f} s after"
+                    out.append(f"{log.name}: generation {gen} {said} the end of {kind} at t={end:.1f}")
+                break  # the latest-ending window it overlapped decides
+    return out, worst
+
+
+class ReplicaWatch:
+    """What the replicas serve, sampled from the ingress's /health (`queue.replicas[].serving`, `queue.running`):
+    documents served by two replicas at diverging versions (violations), and generations a replica still runs that
+    the ingress no longer streams (zombies: a figure, e.g. a replica resumed after the ingress gave up on it)."""
+
+    PERSIST = 3  # samples in a row (a generation cancelled a moment ago may linger for one or two)
+    FRESH_S = 2.5  # a replica's post older than this may be a dead replica's last word: not evidence of a zombie
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.samples = 0
+        self.zombies_seen = 0
+        self._diverging: Counter[str] = Counter()
+        self._zombie: Counter[tuple[str, str, str]] = Counter()
+
+    def observe(self, t: float, queue: dict[str, Any]) -> None:
+        self.samples += 1
+        ingress = {(str(d), str(r), str(f)) for d, r, f in queue.get("running") or [] if d}
+        fresh = [rep for rep in queue.get("replicas") or [] if float(rep.get("age_s") or 0) <= self.FRESH_S]
+        on_replicas = {(str(d), str(rep.get("replica")), str(f)) for rep in fresh for d, f in rep.get("serving") or []
+                       if d}  # fmt: skip
+        by_doc: dict[str, set[tuple[str, str]]] = {}
+        for d, r, f in ingress:
+            by_doc.setdefault(d, set()).add((r, f))
+        diverging = {d for d, pairs in by_doc.items()
+                     if any(r1 != r2 and f1 != f2 for r1, f1 in pairs for r2, f2 in pairs)}  # fmt: skip
+        for d in list(self._diverging):
+            if d not in diverging:
+                del self._diverging[d]
+        for d in diverging:
+            self._diverging[d] += 1
+            if self._diverging[d] == self.PERSIST:
+                self.violations.append(f"t={t}: document {d} served by two replicas at diverging versions: "
+                                       f"{sorted(by_doc[d])}")  # fmt: skip
+        zombies = on_replicas - ingress
+        for z in list(self._zombie):
+            if z not in zombies:
+                del self._zombie[z]
+        for z in zombies:
+            self._zombie[z] += 1
+            if self._zombie[z] == self.PERSIST:
+                self.zombies_seen += 1

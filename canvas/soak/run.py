@@ -1,6 +1,7 @@
 """`dcanvas bench soak`: writers against a real server while faults fire on a schedule; then the checker.
 
     dcanvas bench soak --minutes 60 --sessions 20 --faults all --seed 1 [--model DIR] [--db postgresql://...]
+    dcanvas bench soak --ray --replicas 2 --db postgresql [--minutes 60 --sessions 8 ...]
 
 Starts `dcanvas serve` on a free loopback port with a fault-injecting store (`canvas.server.faults`, enabled for
 this process only), runs `--sessions` writers (`canvas.soak.writers`) for `--minutes`, and fires the faults of
@@ -10,9 +11,12 @@ on the same database, every writer's document is read back through it, and the s
 (`canvas.soak.checker`). Prints a summary and, as the last line, one JSON report; exits 1 on any violation or when
 the server's RSS or descriptors grew by more than 10% after warm-up. Everything runs in a temporary folder (or
 `--workdir`), which keeps the server's log, its database and the report; with `--db URL` the documents live in
-that PostgreSQL database instead (empty at the start; the store's faults are then psycopg's errors). With `--ray`
-the server's engine runs as Ray Serve replicas on a local Ray that this process starts and stops, and `ray_kill`
-kills one's process now and then.
+that PostgreSQL database instead (empty at the start; the store's faults are then psycopg's errors); `--db
+postgresql` alone starts a private PostgreSQL from Debian's binaries (`canvas.store.pgserver`), which the PostgreSQL
+faults restart and stop, and removes it at the end. With `--ray` the server's engine runs as Ray Serve replicas on a
+local Ray that this process starts and stops: replicas are killed and stopped, the ingress killed and restarted
+(`canvas.soak.cluster`), and every replica and the postmaster are sampled too. The report's `targets` gives one
+verdict per acceptance target (`canvas.soak.targets`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -32,19 +35,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from canvas.cluster.remote import SILENT_S
 from canvas.protocol.client import DcanvasClient
 from canvas.server.faults import write_control
 from canvas.soak.actors import Actors
-from canvas.soak.checker import check_actors, check_final, check_store, check_writer
-from canvas.soak.schedule import FAULTS, Fault, draw, parse_faults
+from canvas.soak.checker import ReplicaWatch, check_actors, check_answer_times, check_final, check_store, check_writer
+from canvas.soak.cluster import Deployment
+from canvas.soak.schedule import FAULTS, SERVER_SIDE, Fault, draw, parse_faults
 from canvas.soak.server import ServerArgs, ServerProc, open_fds, rss_mib
+from canvas.soak.targets import Series, flatness, processes, targets
 from canvas.soak.writers import Known, Writer, WriterLog
 from canvas.store import open_store
 from canvas.store.base import describe
+from canvas.store.pgserver import PgServer, find_bindir
 
 SAMPLE_S = 2.0
-FLAT = 0.10  # RSS and descriptors may grow by this share after warm-up
-WARMUP_S = 300.0  # the first 5 minutes of a server process (or a third of its life, if shorter) are warm-up
 # Past the deadline, writers finish their action, reconnect (grace) and may wait one unanswered request (ANSWER_S):
 # a writer or fault still running this long after it hangs, and is cancelled so that the run still reports.
 STRAGGLE_S = 900.0
@@ -84,34 +89,21 @@ class Faults:
             write_control(self.control, "off")
 
 
-def flatness(samples: list[Sample], attr: str, start: int | None = None) -> dict[str, Any]:
-    """Growth of `attr` over one server process (`start`; default the last) after its warm-up: median of the last
-    5 samples over the median of the first 5 after warm-up."""
-    if not samples:
-        return {"growth": None, "flat": None}
-    which = samples[-1].start if start is None else start
-    last = [s for s in samples if s.start == which]
-    if not last:
-        return {"growth": None, "flat": None}
-    span = last[-1].t - last[0].t
-    warm = last[0].t + min(WARMUP_S, span / 3)
-    after = [float(getattr(s, attr)) for s in last if s.t >= warm]
-    if len(after) < 6:
-        return {"growth": None, "flat": None, "samples_after_warmup": len(after)}
-    base, end = statistics.median(after[:5]), statistics.median(after[-5:])
-    growth = (end - base) / base if base else 0.0
-    return {"first_after_warmup": base, "last": end, "max": max(after), "growth": round(growth, 4),
-            "flat": abs(growth) <= FLAT, "samples_after_warmup": len(after), "warmup_ends_s": round(warm, 1)}
+def server_flatness(samples: list[Sample], attr: str, start: int | None = None) -> dict[str, Any]:
+    """`flatness` of one server process (`start`; default the last)."""
+    which = samples[-1].start if start is None and samples else start
+    return flatness([(s.t, float(getattr(s, attr))) for s in samples if s.start == which])
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, workdir: Path, ray_address: str | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, workdir: Path, ray_address: str | None = None,
+                 db: str | None = None, pg: PgServer | None = None) -> None:  # fmt: skip
         self.args = args
         self.seconds = float(args.minutes) * 60
-        self.kinds = parse_faults(args.faults, ray=args.ray)
-        self.schedule = draw(args.seed, self.seconds, self.kinds)
+        self.kinds = parse_faults(args.faults, ray=args.ray, pg=pg is not None)
+        self.schedule = draw(args.seed, self.seconds, self.kinds, silent_s=SILENT_S)
         self.server = ServerProc(ServerArgs(
-            db=args.db or workdir / "docs.db", control=workdir / "faults.json", log=workdir / "server.log",
+            db=db or workdir / "docs.db", control=workdir / "faults.json", log=workdir / "server.log",
             model=args.model, threads=args.threads, max_batch=args.max_batch, max_queue=args.max_queue,
             ray_address=ray_address, replicas=args.replicas))  # fmt: skip
         self.faults = Faults(workdir / "faults.json", args.seed)
@@ -120,8 +112,11 @@ class Soak:
         self.fired: Counter[str] = Counter()
         self.restart_s: list[float] = []
         self.harness: list[str] = []  # faults that could not be applied (counted as violations)
-        self.replicas_killed: list[str] = []
         self.rng = random.Random(args.seed)
+        self.deployment = Deployment(self.server, pg, self.rng)
+        self.windows: list[tuple[str, float, float]] = []  # server-side faults: (kind, start, end)
+        self.series: dict[str, Series] = {}  # replicas and the postmaster, by label: (t, rss, fds)
+        self.watch = ReplicaWatch()
         self.t0 = 0.0
 
     def _now(self) -> float:
@@ -137,21 +132,39 @@ class Soak:
                 lag = (health.get("loop_lag_ms") or {}).get("p99")
                 if rss is not None and fds is not None and pid == self.server.pid:
                     self.samples.append(Sample(self._now(), start, rss, fds, lag))
+                queue = health.get("queue") or {}
+                if self.args.ray and health:
+                    self.watch.observe(self._now(), queue)
+                for label, other in self.deployment.processes(queue).items():
+                    rss, fds = rss_mib(other), open_fds(other)
+                    if rss is not None and fds is not None:
+                        self.series.setdefault(label, []).append((self._now(), rss, float(fds)))
             await asyncio.sleep(SAMPLE_S)
 
     async def _fire(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
         self.fired[f.kind] += 1
+        start = self._now()
         try:
             await self._fire_one(f, actors, writers)
         except Exception as e:  # noqa: BLE001 (a fault that could not be applied spoils the run, not the report)
             self.harness.append(f"t={self._now()}: fault {f.kind} raised {type(e).__name__}: {e}")
+        finally:
+            if f.kind in SERVER_SIDE:
+                self.windows.append((f.kind, start, self._now()))
 
     async def _fire_one(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
-        if f.kind == "kill":
+        d = self.deployment
+        if f.kind == "kill":  # with --ray, the ingress: its replicas stay up, and the new ingress adopts them
+            before = await asyncio.to_thread(d.before_ingress_kill) if self.args.ray else []
             t = self._now()
             await asyncio.to_thread(self.server.kill9)
-            self.restart_s.append(await asyncio.to_thread(self.server.start))
-            self.kills.append((t, self._now()))
+            try:
+                self.restart_s.append(await asyncio.to_thread(self.server.start))
+            finally:
+                self.kills.append((t, self._now()))
+            if self.args.ray:
+                bad = await asyncio.to_thread(d.after_ingress_restart, before, self.args.replicas)
+                self.harness += [bad] if bad else []
         elif f.kind in ("store_errors", "disk_full"):
             self.faults.set(f.kind, True, f.p)
             await asyncio.sleep(f.duration_s)
@@ -161,22 +174,17 @@ class Soak:
         elif f.kind == "stall":
             await actors.stall(f.duration_s, [w.log.doc_id for w in writers if w.log.doc_id])
         elif f.kind == "ray_kill":
-            await asyncio.to_thread(self._kill_replica)
+            await asyncio.to_thread(d.kill_replica)
+        elif f.kind == "ray_stop":
+            await d.stop_replica(f.duration_s)
+        elif f.kind in ("pg_restart_fast", "pg_restart_immediate"):
+            await d.pg_restart("fast" if f.kind == "pg_restart_fast" else "immediate")
+        elif f.kind == "pg_down":
+            await d.pg_down(f.duration_s)
         elif f.kind == "burst":
             queue = (await asyncio.to_thread(self.server.health)).get("queue") or {}
             size = int(queue.get("row_cap") or self.args.max_batch) + int(queue.get("max_queue") or 8) + 4
             await actors.burst(size)
-
-    def _kill_replica(self) -> None:
-        """kill -9 of an engine replica's process, one running a generation of this ingress if there is one."""
-        queue = self.server.health().get("queue") or {}
-        replicas = [r for r in queue.get("replicas") or [] if r.get("pid")]
-        if not replicas:
-            raise RuntimeError("no engine replica to kill")
-        busy = [r for r in replicas if (queue.get("running_by_replica") or {}).get(str(r.get("replica")))]
-        victim = self.rng.choice(busy or replicas)
-        os.kill(int(victim["pid"]), signal.SIGKILL)
-        self.replicas_killed.append(str(victim.get("replica")))
 
     async def _faults(self, actors: Actors, writers: list[Writer]) -> None:
         running: list[asyncio.Task[None]] = []
@@ -191,7 +199,7 @@ class Soak:
     async def run(self) -> dict[str, Any]:
         await asyncio.to_thread(self.faults.off)
         self.restart_s.append(await asyncio.to_thread(self.server.start))
-        self.t0 = time.monotonic()
+        self.t0 = self.deployment.t0 = time.monotonic()
         deadline = self.t0 + self.seconds
         a = self.args
         steps = tuple(int(x) for x in str(a.gen_steps).split(","))
@@ -213,6 +221,7 @@ class Soak:
         finally:
             sampler.cancel()
             await asyncio.to_thread(self.faults.off)
+            await asyncio.to_thread(self.deployment.ensure_pg)
         wall = time.monotonic() - self.t0
         last_health = await asyncio.to_thread(self.server.health)
         await asyncio.to_thread(self.server.stop)
@@ -226,10 +235,15 @@ class Soak:
         try:
             violations = [v for log in logs for v in check_writer(log, self.kills)]
             violations += check_actors(actors.log, self.kills) + check_final(logs, finals) + check_store(store, logs)
+            late, slowest = check_answer_times(logs, self.windows)
+            violations += late + [f"replicas: {x}" for x in self.watch.violations]
             violations += [f"harness: {x}" for x in self.harness]
         finally:
             store.close()
-        return self._report(logs, actors, violations, wall, last_health)
+        report = self._report(logs, actors, violations, wall, last_health)
+        report["targets"] = targets(violations, late, slowest, report["processes"])
+        report["ok"] = report["ok"] and all(t["held"] for t in report["targets"].values())
+        return report
 
     async def _read_back(self, logs: list[WriterLog]) -> dict[str, Known | None]:
         finals: dict[str, Known | None] = {}
@@ -250,7 +264,7 @@ class Soak:
             refusals.update(log.refusals)
             errors.update(log.errors)
         refusals["actors"] = actors.log.refusals  # the burst's, mostly
-        rss, fds = flatness(self.samples, "rss_mib"), flatness(self.samples, "fds")
+        rss, fds = server_flatness(self.samples, "rss_mib"), server_flatness(self.samples, "fds")
         lags = [s.lag_p99_ms for s in self.samples if s.lag_p99_ms is not None]
         a = self.args
         return {
@@ -261,7 +275,11 @@ class Soak:
             "ok": not violations and rss["flat"] is not False and fds["flat"] is not False,
             "faults_fired": dict(self.fired), "schedule": [[f.at_s, f.kind, f.duration_s] for f in self.schedule],
             "kills": [[round(x, 1), round(y, 1)] for x, y in self.kills],
-            "replicas_killed": self.replicas_killed,
+            "replicas_killed": self.deployment.replicas_killed,
+            "replicas_stopped": self.deployment.replicas_stopped, "postgres_faults": self.deployment.pg_events,
+            "ingress_restarts": self.deployment.adoptions, "fault_windows": [list(w) for w in self.windows],
+            "replica_watch": {"samples": self.watch.samples, "zombie_generations": self.watch.zombies_seen,
+                              "diverging": len(self.watch.violations)},
             "restart_s": [round(x, 1) for x in self.restart_s],
             "acknowledged_changes": sum(1 for log in logs for s in log.steps if s.how.startswith("ack:")),
             "reconciles": sum(1 for log in logs for s in log.steps if s.how == "reconcile"),
@@ -276,8 +294,11 @@ class Soak:
                        "burst_admitted": actors.log.admitted, "statuses": dict(actors.log.statuses),
                        "stall_closed_by_server": actors.log.stall_closed},  # fmt: skip
             "server_rss_mib": rss, "server_fds": fds,
-            "by_process": {str(n): {"rss_growth": flatness(self.samples, "rss_mib", n)["growth"],
-                                    "fds_growth": flatness(self.samples, "fds", n)["growth"],
+            "processes": processes({**{f"ingress#{n}": [(s.t, s.rss_mib, float(s.fds)) for s in self.samples
+                                                         if s.start == n] for n in {s.start for s in self.samples}},
+                                    **self.series}),  # fmt: skip
+            "by_process": {str(n): {"rss_growth": server_flatness(self.samples, "rss_mib", n)["growth"],
+                                    "fds_growth": server_flatness(self.samples, "fds", n)["growth"],
                                     "rss_mib_max": max(s.rss_mib for s in self.samples if s.start == n),
                                     "fds_max": max(s.fds for s in self.samples if s.start == n)}
                            for n in sorted({s.start for s in self.samples})},  # fmt: skip
@@ -315,6 +336,8 @@ def _print(r: dict[str, Any]) -> None:
     print(f"refusals {r['refusals']}; errors {r['errors_by_code']}; actors {r['actors']}")
     print(f"server RSS {r['server_rss_mib']}; fds {r['server_fds']}; loop lag p99 {r['loop_lag_p99_ms']}; "
           f"restarts took {r['restart_s']} s")  # fmt: skip
+    for name, t in (r.get("targets") or {}).items():
+        print(f"target {name}: {'held' if t['held'] else 'MISSED'} {t}")
 
 
 def _start_ray(replicas: int) -> str:
@@ -336,45 +359,76 @@ def _stop_ray() -> None:
         ray.shutdown()
 
 
+def _database(words: list[str] | None) -> tuple[str | None, bool]:
+    """`--db`: (the URL, or None for SQLite; whether the soak starts its own PostgreSQL). Raises ValueError."""
+    if not words:
+        return None, False
+    if words == ["postgresql"]:
+        return None, True
+    url = words[-1]
+    if len(words) > 2 or (len(words) == 2 and words[0] != "postgresql") or \
+            not url.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"--db takes postgresql (a private PostgreSQL) or a postgresql:// URL, not {words}")
+    return url, False
+
+
+def _check_empty(url: str) -> str | None:
+    """Why the database at `url` cannot be soaked (None: it can)."""
+    try:
+        store = open_store(url)
+    except Exception as e:  # noqa: BLE001 (StoreError, or psycopg missing: said plainly)
+        return f"--db: {e}"
+    try:  # the checker reads the whole store as the writers' own
+        return f"{describe(url)} already holds documents; give an empty database" if store.count() else None
+    finally:
+        store.close()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        parse_faults(args.faults, ray=args.ray)
+        url, private = _database(args.db)
+        parse_faults(args.faults, ray=args.ray, pg=private)
     except ValueError as e:
         print(f"dcanvas bench soak: {e}", file=sys.stderr)
         return 2
-    if args.minutes <= 0 or args.sessions < 1:
-        print("dcanvas bench soak: --minutes must be > 0 and --sessions >= 1", file=sys.stderr)
+    if args.minutes <= 0 or args.sessions < 1 or args.replicas < 1:
+        print("dcanvas bench soak: --minutes must be > 0, --sessions and --replicas >= 1", file=sys.stderr)
         return 2
-    if args.db is not None:
-        try:
-            store = open_store(args.db)
-        except Exception as e:  # noqa: BLE001 (StoreError, or psycopg missing: said plainly)
-            print(f"dcanvas bench soak: --db: {e}", file=sys.stderr)
-            return 2
-        try:
-            if store.count():  # the checker reads the whole store as the writers' own
-                print(f"dcanvas bench soak: {describe(args.db)} already holds documents; give an empty database",
-                      file=sys.stderr)  # fmt: skip
-                return 2
-        finally:
-            store.close()
+    bindir = find_bindir() if private else None
+    if private and bindir is None:
+        print("dcanvas bench soak: --db postgresql needs PostgreSQL's server binaries (apt-get install postgresql)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    why = None if url is None else _check_empty(url)
+    if why is not None:
+        print(f"dcanvas bench soak: {why}", file=sys.stderr)
+        return 2
     if args.workdir is not None:
         workdir = Path(args.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "docs.db").unlink(missing_ok=True)
     else:
         workdir = Path(tempfile.mkdtemp(prefix="dcanvas-soak-"))
-    ray_address = _start_ray(args.replicas) if args.ray else None
+    # Enough connections for every ingress a restart may briefly overlap, and their listeners.
+    pg = PgServer(bindir, max_connections=100).start() if bindir is not None else None
     try:
-        soak = Soak(args, workdir, ray_address)
+        url = url if pg is None else pg.database()
+        ray_address = _start_ray(args.replicas) if args.ray else None
         try:
-            report = asyncio.run(soak.run())
+            soak = Soak(args, workdir, ray_address, db=url, pg=pg)
+            try:
+                report = asyncio.run(soak.run())
+            finally:
+                soak.server.kill9()
         finally:
-            soak.server.kill9()
+            if args.ray:
+                _stop_ray()
     finally:
-        if args.ray:
-            _stop_ray()
+        if pg is not None:
+            pg.remove()
     report["workdir"] = str(workdir)
+    if pg is not None:
+        report["store"] = f"a private PostgreSQL ({pg.bindir.parent.name}), removed at the end"
     (workdir / "report.json").write_text(json.dumps(report, indent=1))
     _print(report)
     print(json.dumps(report))
@@ -393,7 +447,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", action="store_true", help="the server's engine as Ray Serve replicas (a local Ray)")
     parser.add_argument("--replicas", type=int, default=2, help="with --ray: engine replicas")
     parser.add_argument("--gen-steps", default="8,12,16", help="max_steps the writers ask for (comma-separated)")
-    parser.add_argument("--db", default=None, help="an empty PostgreSQL database (postgresql://...) for the documents "
+    parser.add_argument("--db", nargs="+", default=None, metavar="postgresql [URL]",
+                        help="the documents in PostgreSQL: `postgresql` alone starts a private one (and its faults: "
+                        "restarts, downtime), removed at the end; a postgresql:// URL names an empty database "
                         "(default: a SQLite file in the workdir)")  # fmt: skip
     parser.add_argument("--workdir", default=None, help="keep the database and server log here (default: a temp dir)")
     parser.set_defaults(func=run)

@@ -84,6 +84,7 @@ class WriterLog:
     unanswered: list[str] = field(default_factory=list)  # requests without any answer within `ANSWER_S`
     late: list[tuple[float, str, float]] = field(default_factory=list)  # (t, what, seconds): answered after `LATE_S`
     gens: dict[str, str] = field(default_factory=dict)  # gen -> its gen.done status, or "lost" with the connection
+    gen_times: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # gen -> (accepted, answered)
     told: dict[str, str] = field(default_factory=dict)  # gen -> the text of its proposal (completed)
     accepted: list[str] = field(default_factory=list)  # accepts acknowledged (or confirmed by `conflict: accepted`)
     rejected: list[str] = field(default_factory=list)
@@ -320,6 +321,7 @@ class Writer:
                 self._error(e)
                 return None
             self.log.gens[gen.gen] = "running"
+            self.log.gen_times[gen.gen] = (self._now(), None)
             return gen
         return None
 
@@ -334,10 +336,12 @@ class Writer:
                         await gen.cancel()
         except ConnectionLost:
             self.log.gens[gen.gen] = "lost"
+            self.log.gen_times[gen.gen] = (self.log.gen_times[gen.gen][0], self._now())
             raise
         done = gen.done
         assert done is not None
         self.log.gens[done.gen] = done.status
+        self.log.gen_times[done.gen] = (self.log.gen_times[done.gen][0], self._now())
         if done.status == "failed":
             self.log.untyped.append(f"{self._now()}: generation {done.gen} failed: {done.message}")
         if done.status != "completed" or done.proposal is None:

@@ -1,7 +1,8 @@
 """Durable storage of documents: the `DocStore` interface, its two implementations, and `open_store`, which picks one.
 
 Map: `base` (records, errors, `DocStore` / `SharedStore`, the shared SQL), `sqlite` (`Store`: one SQLite file, one
-server process), `pg` (`PgStore`: PostgreSQL, several server processes). The bottom layer with `canvas.protocol` and
+server process), `pg` (`PgStore`: PostgreSQL, several server processes), `pgserver` (a private, throwaway
+PostgreSQL from Debian's binaries, for the tests and the soak). The bottom layer with `canvas.protocol` and
 `canvas.document`: it imports nothing of the project (documents are opaque JSON blobs here); the server
 (`canvas.server`), the soak checker and the tests import it.
 """

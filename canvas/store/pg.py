@@ -18,13 +18,15 @@ what several processes serving the same documents need (`canvas.store.base.Share
   connection that calls `callback(doc_id)` for documents other processes changed, so a server tells its clients
   of an edit made through another server within milliseconds.
 
-Thread safety: one connection in autocommit mode guarded by a `threading.Lock`; every call is one short
-transaction (`synchronous_commit` as the server is configured: on by default, so durable at return). psycopg is
-imported when a store is opened, so nothing else needs it installed (the `pg` extra).
+Thread safety: one connection in autocommit mode guarded by a `threading.Lock`, reopened by the next call after it
+broke (a database restart: `_db`); every call is one short transaction (`synchronous_commit` as the server is
+configured: on by default, so durable at return). psycopg is imported when a store is opened, so nothing else needs
+it installed (the `pg` extra).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -101,8 +103,9 @@ class PgStore(SqlStore):
             raise StoreError("a postgresql:// store needs psycopg: pip install 'dcanvas[pg]'") from None
         self.url = url
         self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"  # names this process's own notifications
+        self._connect_timeout = max(1, int(connect_timeout))
         try:
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
+            self._conn = psycopg.connect(url, autocommit=True, connect_timeout=self._connect_timeout)
         except psycopg.OperationalError as e:
             raise StoreError(f"cannot connect to {describe(url)}: {str(e).strip()}") from None
         self._lock = threading.Lock()
@@ -123,6 +126,21 @@ class PgStore(SqlStore):
     @property
     def path(self) -> str:  # what the server prints as where documents live
         return describe(self.url)
+
+    @property
+    def _db(self) -> Any:
+        """The connection (the caller holds `_lock`), opened again if the last one broke: after a database restart
+        the call that met the broken connection failed (psycopg's `OperationalError`, which the server tells its
+        client as a retryable `busy`), and the next call reconnects instead of failing on the dead connection for
+        ever. A failed reconnect raises `OperationalError` too. Session state is lost with the connection: the
+        advisory locks it held were released by the server, and `_seen` stays right (stamps are stored)."""
+        if self._conn.closed or self._conn.broken:
+            import psycopg
+
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self._connect_timeout)
+        return self._conn
 
     # -- writing ---------------------------------------------------------------------------------------------
 
@@ -245,7 +263,8 @@ class PgStore(SqlStore):
     def close(self) -> None:
         if self._listener is not None:
             self._listener.stop()
-        super().close()
+        with self._lock:
+            self._conn.close()  # not `_db`: closing must not reconnect
 
 
 class _Listener(threading.Thread):

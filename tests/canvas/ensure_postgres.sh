@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure Debian's PostgreSQL server binaries are installed for the PostgreSQL store tests.
 #
-# The tests start their own throwaway server (tests/canvas/pgserver.py: initdb + pg_ctl on a free loopback port);
+# The tests start their own throwaway server (canvas/store/pgserver.py: initdb + pg_ctl on a free loopback port);
 # they only need the binaries. This installs the `postgresql` package with apt when they are missing
 # (tests/apt_install.sh). It never fails the build: if PostgreSQL cannot be installed it says why, and the
 # PostgreSQL tests then skip with that reason.

@@ -193,3 +193,32 @@ async def test_stats_sum_the_replicas_that_posted_lately() -> None:
     await admission.submit_async(REQUEST, None, owner="s1")
     assert (await admission.stats_async())["running_by_replica"] == {"a": 1}  # fresh, not cached
     await admission.aclose()
+
+
+async def test_a_silent_replica_s_generation_ends_unavailable_and_its_stream_is_cancelled() -> None:
+    """A stopped replica (SIGSTOP): its stream says nothing and its posted figures age. The watchdog ends the
+    generation as `unavailable` (typed, retryable) after `silent_s`, and cancels the stream."""
+    stream = ScriptedStream([Accepted("r1", 3, Placement(0, 1, 0, 0), 0.0), (frame(3, 1),)])
+    replicas = Replicas(stream, figures={"r1": {"replica": "r1", "age_s": 9.0, "queue": {}}})
+    admission, events = RemoteAdmission(replicas, silent_s=1.5), []
+    admitted = await admission.submit_async(REQUEST, events.append, owner="s", affinity="doc-1")
+    assert isinstance(admitted.handle, RemoteHandle) and admitted.handle.doc == "doc-1"
+    running = (await admission.stats_async())["running"]
+    assert running == [["doc-1", "r1", admitted.handle.fp]]
+    done = await asyncio.wait_for(until_done(events), 10)
+    assert done.status == "unavailable" and "stopped answering" in (done.error or "")
+    assert stream.cancelled.is_set() and admission.counts["silenced"] == 1
+    assert (await admission.stats_async())["running"] == []
+
+
+async def test_a_quiet_generation_on_a_replica_that_posts_is_left_alone() -> None:
+    """Queued behind others, a generation streams nothing for a while; its replica still posts: not ended."""
+    stream = ScriptedStream([Accepted("r1", 4, Placement(2, 1, 2, 0), 3.0)])
+    replicas = Replicas(stream, figures={"r1": {"replica": "r1", "age_s": 0.4, "queue": {}}})
+    admission, events = RemoteAdmission(replicas, silent_s=1.0), []
+    admitted = await admission.submit_async(REQUEST, events.append, owner="s")
+    await asyncio.sleep(3.0)
+    assert not events and admission.counts["silenced"] == 0
+    admitted.handle.cancel()
+    assert (await asyncio.wait_for(until_done(events), 5)).status == "cancelled"
+    await admission.aclose()

@@ -100,9 +100,37 @@ def test_the_schedule_is_drawn_from_the_seed() -> None:
     assert [f.at_s for f in a] == sorted(f.at_s for f in a)
     hour = draw(1, 3600, FAULTS)
     assert sum(f.kind == "kill" for f in hour) == 9 and len(hour) > 60
-    assert parse_faults("all", ray=True) == FAULTS and parse_faults("none") == ()
+    assert parse_faults("all", ray=True, pg=True) == FAULTS and parse_faults("none") == ()
     assert "ray_kill" not in parse_faults("all") and parse_faults("kill, drop") == ("kill", "drop")
     with pytest.raises(ValueError, match="unknown fault 'replica'"):
         parse_faults("kill,replica")
     with pytest.raises(ValueError, match="needs --ray"):
         parse_faults("kill,ray_kill")
+
+
+def test_replica_watch_flags_a_document_streamed_from_two_replicas_at_two_versions() -> None:
+    from canvas.soak.checker import ReplicaWatch
+
+    watch = ReplicaWatch()
+    one = {"running": [["d1", "r1", "aaa"]], "replicas": [{"replica": "r2", "age_s": 0.5, "serving": [["d1", "bbb"]]}]}
+    two = {"running": [["d1", "r1", "aaa"], ["d1", "r2", "bbb"]], "replicas": []}
+    for t in range(ReplicaWatch.PERSIST):
+        watch.observe(float(t), one)  # a zombie on r2 that no ingress streams: counted, not a violation
+    assert not watch.violations and watch.zombies_seen == 1
+    watch.observe(10.0, two)
+    watch.observe(12.0, {"running": [], "replicas": []})  # one sample of two: a cancellation in flight
+    assert not watch.violations
+    for t in range(ReplicaWatch.PERSIST):
+        watch.observe(20.0 + t, two)
+    assert len(watch.violations) == 1 and "d1" in watch.violations[0]
+
+
+def test_answer_times_after_a_fault_end() -> None:
+    from canvas.soak.checker import check_answer_times
+    from canvas.soak.writers import WriterLog
+
+    log = WriterLog("w0")
+    log.gen_times = {"g1": (5.0, 8.0), "g2": (9.0, 45.0), "g3": (9.5, None), "g4": (20.0, 80.0)}
+    late, worst = check_answer_times([log], [("pg_down", 6.0, 10.0)])
+    assert [x.split()[2] for x in late] == ["g2", "g3"] and worst == float("inf")  # g1 before, g4 after the end
+    assert check_answer_times([log], []) == ([], None)
