@@ -9,12 +9,17 @@ of sentences.
 doctest blocks, code directives), tables, section adornments, labels, comments, index/toctree/module directives and
 signatures. Inline roles keep their visible text (`:func:`~os.path.join`` -> `join`).
 
+`strip_markup` takes out what markup is left in a prose paragraph (HTML tags, comments and entities; reST roles,
+literals and back-quotes): the corpus's prose is plain text, and a fill learnt from markup brings tags into plain text.
+Code documents never pass through these cleaners (their lines and indentation are the text).
+
 `ParagraphDeduper` removes exact repeats of paragraphs of at least `min_chars` characters, first occurrence wins;
 short paragraphs (dialogue such as '"Yes."') repeat legitimately and are kept.
 """
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -292,3 +297,51 @@ def rest_to_paragraphs(source: str, *, min_letter_ratio: float = 0.6) -> list[st
         current.append(line)
     flush()
     return paragraphs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Markup left in prose (every prose paragraph passes `strip_markup` in `canvas.training.data.write_corpus`)
+# ---------------------------------------------------------------------------------------------------------------
+
+# HTML elements by name, so that "a < b" or "<3" in a sentence is not taken for a tag.
+_HTML_TAG = re.compile(
+    r"</?(?:a|abbr|b|big|blockquote|br|center|cite|code|dd|del|dfn|div|dl|dt|em|font|h[1-6]|hr|i|img|ins|kbd|li|"
+    r"mark|ol|p|pre|q|s|samp|small|span|strike|strong|sub|sup|table|tbody|td|th|thead|tr|tt|u|ul|var|wbr)"
+    r"(?:\s+[^<>]*)?/?>",
+    re.IGNORECASE,
+)
+_HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_HTML_ENTITY = re.compile(r"&(?:#\d{1,6}|#x[0-9a-fA-F]{1,6}|[A-Za-z]{2,8});")
+# What `rest_inline` leaves when a source breaks its own markup: an unclosed role, a stray pair of back-quotes,
+# a trailing `_` reference mark, a substitution or footnote reference.
+_REST_ROLE = re.compile(r"(?<![\w`]):[A-Za-z][\w.+-]*(?::[\w.+-]+)*:`?")
+_REST_LITERAL_MARK = re.compile(r"``|`_{1,2}|(?<=\w)`")
+_REST_BACKTICK = re.compile(r"`")
+_REST_DIRECTIVE = re.compile(r"^\.\.\s+[\w:.-]+::.*$")
+
+
+def has_markup(text: str) -> bool:
+    """Whether `text` still holds an HTML tag, comment or entity, or a reST role, directive or back-quote."""
+    return bool(
+        _HTML_TAG.search(text) or _HTML_COMMENT.search(text) or _HTML_ENTITY.search(text)
+        or _REST_ROLE.search(text) or "`" in text or _REST_DIRECTIVE.match(text)
+    )  # fmt: skip
+
+
+def strip_markup(paragraph: str) -> str:
+    """A prose paragraph without HTML (tags, comments, entities decoded) or reST markup (roles keep their text,
+    back-quotes go); "" when nothing but markup was there. Plain prose never shows markup, so the FIM fine-tune
+    must never see it in a middle (a fill brought "<i>the name of God</i>" into plain text)."""
+    if _REST_DIRECTIVE.match(paragraph):
+        return ""
+    text = _HTML_COMMENT.sub(" ", paragraph)
+    text = _HTML_TAG.sub(" ", text)
+    for _ in range(2):  # "&amp;lt;" decodes in two steps
+        text = _HTML_ENTITY.sub(lambda m: html.unescape(m.group(0)), text)
+    text = _HTML_TAG.sub(" ", text)  # tags that were escaped ("&lt;i&gt;")
+    text = rest_inline(text)
+    text = _REST_ROLE.sub("", text)
+    text = _REST_LITERAL_MARK.sub("", text)
+    text = _REST_BACKTICK.sub("", text)
+    text = normalize_line(text)
+    return re.sub(r"\s+([,.;:!?])", r"\1", text) if text != paragraph else text

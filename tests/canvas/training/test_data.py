@@ -69,7 +69,9 @@ def test_build_corpus_end_to_end_is_deterministic(fake_cache: Path, tmp_path: Pa
     for r in train + valid:
         assert split_of(r["id"], seed=0, valid_fraction=0.2) == ("train" if r["id"] in ids_train else "valid")
     assert sum(r["text"].count(SHARED) for r in train + valid) == 1
-    assert {r["source"] for r in train + valid} == {"web", "austen", "pydoc", "fortunes"}
+    prose, code = {"web", "austen", "pydoc", "fortunes"}, {"pystdlib", "pypkgs", "jsdeb", "shell"}
+    assert {r["source"] for r in train + valid} == prose | code  # the held-out "pyheld" in neither split
+    assert all(r["kind"] == ("code" if r["source"] in code else "prose") for r in train + valid)
 
     by_name = {s["name"]: s for s in m1["sources"]}
     assert by_name["pydoc"]["dropped_paragraphs"] == 1

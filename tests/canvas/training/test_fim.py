@@ -15,7 +15,7 @@ from canvas.model import DiffusionModel
 from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, sample_rows
 from canvas.training.tokens import TokenArrays
 
-DATA = FimDataConfig(seq_len=96, max_middle=24, max_prefix=20, max_suffix=16, min_fim_piece=12)
+DATA = FimDataConfig(seq_len=96, max_middle=24, max_prefix=20, max_suffix=16, min_fim_piece=12, gaps="spans")
 
 
 def _tok(fim_base: dict[str, Path]) -> Tokenizer:

@@ -340,3 +340,26 @@ def test_a_base_with_the_fim_adapters_merged_is_refused(tmp_path: Path) -> None:
     (tmp_path / "build.json").write_text(json.dumps({"fingerprint": {"gguf_sha256": "x"}}))
     require_plain_base(tmp_path)  # a build without them
     require_plain_base(tmp_path / "no-such-build")  # not a build at all: the loader says what is wrong
+
+
+def test_a_new_run_starts_from_another_runs_adapters(fim_base: dict[str, Path], tmp_path: Path) -> None:
+    from canvas.cli import main
+
+    common = ["--seq-len", "64", "--base", str(fim_base["base"]), "--tokens-dir", str(fim_base["tokens"]),
+              "--corpus-dir", str(fim_base["corpus"]), "--batch-size", "1", "--eval-every", "2", "--lora-rank", "2"]
+    old = tmp_path / "old"
+    assert main(["train", "--objective", "fim", "--run", str(old), *common, "--stop-at-step", "2"]) == 0
+    before = (old / "checkpoint.pt").read_bytes()
+    new = tmp_path / "new"
+    args = ["train", "--objective", "fim", "--run", str(new), *common, "--init-from", str(old)]
+    assert main([*args, "--stop-at-step", "0"]) == 0
+    assert (old / "checkpoint.pt").read_bytes() == before  # the other run is only read
+    mine = torch.load(new / "checkpoint.pt", weights_only=False)
+    theirs = torch.load(old / "checkpoint.pt", weights_only=False)
+    assert mine["state"]["step"] == 0 and not mine["optimizer"]["state"]  # fresh optimizer, step 0
+    for name, t in theirs["adapters"].items():
+        assert torch.equal(mine["adapters"][name], t)
+    assert main([*args, "--stop-at-step", "1"]) == 0  # resuming ignores --init-from: its own checkpoint wins
+    assert torch.load(new / "checkpoint.pt", weights_only=False)["state"]["step"] == 1
+    assert main(["train", "--objective", "fim", "--run", str(tmp_path / "x"), *common, "--init-from",
+                 str(tmp_path / "none")]) == 2
