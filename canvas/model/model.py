@@ -21,6 +21,7 @@ D head dim, M hidden size, V vocabulary, E experts, K experts per token.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal, cast
 
 import torch
@@ -44,6 +45,15 @@ if TYPE_CHECKING:
 # Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
 # writes its cache here, `denoise` reads it, the training objective keeps graph-connected K/V.
 KVSource = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor, Tensor | None]]
+
+# True while `run_layers` runs the decoder (bidirectional) pass. Weights that exist for the decoder only
+# (`canvas.training.decoder_adapt`: low-rank adapters and deltas the gap denoiser trains) read it, so the encoder
+# (the AR pathway) computes with the shared weights exactly as before.
+_DECODER_PASS: ContextVar[bool] = ContextVar("decoder_pass", default=False)
+
+
+def in_decoder_pass() -> bool:
+    return _DECODER_PASS.get()
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> Tensor:
@@ -280,15 +290,21 @@ class DiffusionModel(nn.Module):
         """The layer stack over hidden states x (B, T, M) at `positions` (B, T), shared by `encode`, `denoise` and
         the training objective. `on_residual(layer, h)` sees each post-attention residual (the router's input);
         the objective takes its load-balance loss there. Keeps the autograd graph when grad is enabled. `quant`:
-        the dense projections go through their int8 copies where the model has them (`encode`'s decode steps)."""
-        for i, layer in enumerate(self.blocks):
-            attn = layer.attn
-            q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions, quant)
-            keys, values, mask = kv(i, k, v)
-            h = rms_norm_add(attn.attend(q, keys, values, mask, quant), x, layer.post_attention_layernorm, layer.eps)
-            if on_residual is not None:
-                on_residual(layer, h)
-            x = layer.feed_forward(h, quant) * (layer.decoder_scalar if decoder else layer.encoder_scalar)
+        the dense projections go through their int8 copies where the model has them (`encode`'s decode steps).
+        `in_decoder_pass()` answers `decoder` while it runs."""
+        token = _DECODER_PASS.set(decoder)
+        try:
+            for i, layer in enumerate(self.blocks):
+                attn = layer.attn
+                q, k, v = attn.project(rms_norm(x, layer.input_layernorm, layer.eps), positions, quant)
+                keys, values, mask = kv(i, k, v)
+                h = rms_norm_add(attn.attend(q, keys, values, mask, quant), x, layer.post_attention_layernorm,
+                                 layer.eps)
+                if on_residual is not None:
+                    on_residual(layer, h)
+                x = layer.feed_forward(h, quant) * (layer.decoder_scalar if decoder else layer.encoder_scalar)
+        finally:
+            _DECODER_PASS.reset(token)
         return x
 
     # ---- encoder ----------------------------------------------------------------------------------------------

@@ -254,16 +254,25 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--tokenizer-dir", dest="tokenizer_dir", default="data/tokenizer")
     u.add_argument("--corpus-dir", dest="corpus_dir", default="data/corpus")
     u.add_argument("--base", default=None, help="for an adapter run: the exact local base they apply to")
+    from canvas.training import gpu_gap
+
+    gpu_gap.add_parsers(sub)  # the gap denoiser's job (`gap`, `gap-unpack`)
     args = parser.parse_args(argv)
     try:
-        if args.what == "train":
+        if args.what == "gap":
+            gpu_gap.train(args)
+        elif args.what == "gap-unpack":
+            run = gpu_gap.unpack(args.files, args.run, base=args.base, tokens_dir=args.tokens_dir)
+            print(f"{args.run}: step {run.state.step}; resume with `dcanvas train --objective gap-denoise --run "
+                  f"{args.run}`, export with `--export-only`")
+        elif args.what == "train":
             train(args)
         else:
             trainer = unpack(args.files, args.run, tokens_dir=args.tokens_dir, tokenizer_dir=args.tokenizer_dir,
                              corpus_dir=args.corpus_dir, base=args.base)
             print(f"{args.run}: step {trainer.state.step}; export with "
                   f"`dcanvas train --run {args.run} --export-only --export DIR`")
-    except (JobError, ValueError, FileNotFoundError) as exc:
+    except (JobError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -28,9 +28,14 @@ _OVERRIDES = (
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", type=Path, default=None,
                         help="run directory (resumes if present; runs/canvas-6m, or runs/fim for --objective fim)")
-    parser.add_argument("--objective", choices=("diffusion", "fim"), default="diffusion",
-                        help="diffusion (the DiffusionGemma recipe) or fim (the FIM fine-tune of --base, "
-                        "canvas.training.fim_train)")
+    parser.add_argument("--objective", choices=("diffusion", "fim", "gap-denoise"), default="diffusion",
+                        help="diffusion (the DiffusionGemma recipe), fim (the FIM fine-tune of --base, "
+                        "canvas.training.fim_train) or gap-denoise (the decoder's gap denoiser on the frozen --base, "
+                        "canvas.training.gap_train)")
+    parser.add_argument("--teacher-weight", dest="teacher_weight", type=float, default=None,
+                        help="gap-denoise: middle slots' weight on KL from the FIM teacher (0.5)")
+    parser.add_argument("--logit-shift", dest="logit_shift", choices=("on", "off"), default=None,
+                        help="gap-denoise, a new run: slot i read from hidden state i-1, as the AR head (on)")
     parser.add_argument("--fim-rate", dest="fim_rate", type=float, default=None, help="fim: share of FIM pieces (0.5)")
     parser.add_argument("--plain-anchor", dest="plain_anchor", type=float, default=None,
                         help="fim, a new run: plain targets' weight on KL from the teacher, the rest hard CE (0.8)")
@@ -60,6 +65,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     # a training step ~10x slower than one thread (the threads wait on each other at every op).
     parser.add_argument("--init", type=Path, default=None,
                         help="a new run starts from this exported model (weights, step and loss curve)")
+    parser.add_argument("--init-from", dest="init_from", type=Path, default=None,
+                        help="fim, a new run: start from this FIM run's adapters and sentinel rows (its checkpoint.pt; "
+                        "fresh optimizer state, step 0, warm-up again); that run is only read")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--bench", action="store_true", help="print the decoder latency of the model and exit (fim: "
@@ -85,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, args.threads))
     if args.objective == "fim":
         return run_fim(args, console)
+    if args.objective == "gap-denoise":
+        from canvas.training.gap_train import run_gap
+
+        if args.logit_shift is not None:
+            args.logit_shift = args.logit_shift == "on"
+        return run_gap(args, console)
     args.run = args.run or Path("runs/canvas-6m")
     if args.device != "cpu":
         # The Triton kernels have no backward; training runs the torch references (the CPU path anyway).
@@ -158,6 +172,21 @@ def resolve_fim_config(run_dir: Path, args: argparse.Namespace) -> FimTrainConfi
     return dataclasses.replace(cfg, **changes, data=dataclasses.replace(cfg.data, **data))
 
 
+def init_fim_from(trainer: Any, other: Path) -> int:
+    """Load another FIM run's adapters and sentinel rows into a new run's trainer (same base, rank and targets);
+    the optimizer, step and curve stay the new run's own. Returns the other run's step."""
+    from canvas.training.fim_train import load_fim_tensors
+
+    path = other / "checkpoint.pt" if other.is_dir() else other
+    if not path.exists():
+        raise FileNotFoundError(f"no {path}")
+    payload = torch.load(path, map_location=trainer.device, weights_only=False)
+    if payload["model_config"] != trainer.model.config.to_hf_dict():
+        raise ValueError(f"{path} was trained on another base than {trainer.cfg.base}")
+    load_fim_tensors(trainer.model, trainer.rows, payload["adapters"])
+    return int(payload["state"]["step"])
+
+
 def run_fim(args: argparse.Namespace, console: Any) -> int:
     from canvas.convert.build import FIM_ADAPTERS
     from canvas.training.fim_train import FimTrainer, export_fim_adapters
@@ -172,6 +201,13 @@ def run_fim(args: argparse.Namespace, console: Any) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     resumed = trainer.load()
+    if getattr(args, "init_from", None) is not None and not resumed:
+        try:
+            step = init_fim_from(trainer, args.init_from)
+        except (ValueError, FileNotFoundError, KeyError) as exc:
+            console.print(f"[red]error:[/red] --init-from: {exc}")
+            return 2
+        console.print(f"{run_dir}: adapters and sentinel rows from {args.init_from} (its step {step}); fresh optimizer")
     if args.bench:
         from canvas.training.fim_bench import bench
 
