@@ -12,6 +12,7 @@
     dcanvas bench ar [--model DIR] [--batch 8] [--against-llama LLAMA_BENCH]   (see canvas.bench.ar)
     dcanvas bench soak [--minutes 60 --sessions 20 --faults all --seed 1]   (see canvas.soak.run)
     dcanvas bench drafts [--model DIR] [--drafts 8]   K batched AR drafts vs one (see canvas.bench.drafts)
+    dcanvas bench typing --url URL [--keystrokes 10]   llama.vim's requests while typing (see canvas.bench.typing)
 Each figure is the median of several runs, ours and the reference alternating; the last line is one JSON object
 with the machine noted. Presets use random weights (throughput does not depend on what the weights say); token
 identity over 48 steps wants trained weights (`--model DIR`): with random weights every slot's entropy is within
@@ -205,6 +206,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     register_ar(sub.add_parser("ar", help="AR decode (batch 1 and K), prefill, the step's split; vs llama.cpp"))
     register_soak(sub.add_parser("soak", help="writers against a real server under scheduled faults, then a checker"))
     register_drafts(sub.add_parser("drafts", help="K batched AR drafts vs one: per step and per infill"))
+    from canvas.bench.typing import register as register_typing
+
+    register_typing(sub.add_parser("typing", help="a typing session replayed against a server's /infill, as llama.vim"))
     k = sub.add_parser("kernels", help="Triton kernels vs their references (CUDA)")
     k.add_argument("rest", nargs=argparse.REMAINDER)
     k.set_defaults(func=_run_kernels)

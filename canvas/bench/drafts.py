@@ -36,11 +36,11 @@ def _model(args: argparse.Namespace) -> tuple[DiffusionModel, str, Any, Engine]:
         from canvas.engine.backend import load_backend
 
         backend = load_backend(args.model, max_batch=1, threads=args.threads or None)
-        engine = backend.engine.twin(max_batch=1, context_cache_size=0)
+        engine = backend.engine.twin(max_batch=1, context_cache_mb=0)
         return engine.model, Path(args.model).name, load_sampler_defaults(args.model), engine
     torch.manual_seed(0)
     model = DiffusionModel(PRESETS[args.preset]).eval()
-    return model, args.preset, SamplerConfig(), Engine(model, max_batch=1, context_cache_size=0)
+    return model, args.preset, SamplerConfig(), Engine(model, max_batch=1, context_cache_mb=0)
 
 
 def bench_drafts(args: argparse.Namespace) -> dict[str, Any]:

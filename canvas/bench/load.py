@@ -12,7 +12,14 @@ completed per minute, the server's queue figures (`/health`) and its RSS sampled
 generations each replica started; the RSS is then the ingress's only. The last line of stdout is one JSON document
 with every figure.
 
+`--warm-tiny` runs issue 47's case over HTTP instead: one trivially small `/infill` (empty prefix and suffix, a few
+tokens), then rounds of N concurrent fills (`--fills 4,8,16`, each round once the last is answered), each a word of
+one of the texts below with the text around it; a table gives per round how many got 200, how many 429 (and other
+statuses), the latencies of the answered ones and the server's `row_cap` and `max_queue` after it. A server whose
+baseline is that one tiny first frame cuts its rows and refuses most of each round.
+
     python -m canvas.bench.load --model DIR --sessions 50 --seconds 60
+    python -m canvas.bench.load --model DIR --warm-tiny --fills 4,8,16
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,10 +188,13 @@ async def _solo(url: str, token: str | None, n: int) -> list[float]:
     return fig.first_frame_s
 
 
+def _http_base(url: str) -> str:
+    return url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rsplit("/ws", 1)[0]
+
+
 def _health(url: str) -> dict[str, Any]:
-    http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rsplit("/ws", 1)[0]
     try:
-        with urllib.request.urlopen(f"{http}/health", timeout=5) as r:
+        with urllib.request.urlopen(f"{_http_base(url)}/health", timeout=5) as r:
             health: dict[str, Any] = json.loads(r.read())
             return health
     except OSError:
@@ -252,6 +264,70 @@ async def _run(url: str, token: str | None, sessions: int, seconds: float, pid: 
     }
 
 
+def _infill(url: str, token: str | None, body: dict[str, Any]) -> tuple[int, float]:
+    """POST /infill: its HTTP status and how long the answer took (s)."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(f"{_http_base(url)}/infill", json.dumps(body).encode(), headers, method="POST")
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            r.read()
+            status = int(r.status)
+    except urllib.error.HTTPError as e:
+        status = e.code
+    return status, time.monotonic() - t0
+
+
+def _fill_body(i: int, n_predict: int) -> dict[str, Any]:
+    """The i-th fill: one word of one of the texts to write again, the text before and after it around the gap."""
+    words = _word_spans(_TEXTS[i % len(_TEXTS)])
+    at, word = words[1 + i % (len(words) - 2)]
+    text = _TEXTS[i % len(_TEXTS)]
+    return {"input_prefix": text[:at], "input_suffix": text[at + len(word) :], "n_predict": n_predict, "seed": i}
+
+
+def _warm_tiny(url: str, token: str | None, rounds: list[int], n_predict: int) -> dict[str, Any]:
+    """One tiny /infill, then each round's fills all at once (see the module docstring)."""
+    tiny_status, tiny_s = _infill(url, token, {"input_prefix": "", "input_suffix": "", "n_predict": 4, "seed": 0})
+    after_tiny = _health(url).get("queue") or {}
+    out: list[dict[str, Any]] = []
+    for n in rounds:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            answers = list(pool.map(lambda i: _infill(url, token, _fill_body(i, n_predict)), range(n)))
+        ok = [t for status, t in answers if status == 200]
+        statuses = Counter(status for status, _ in answers)
+        queue = _health(url).get("queue") or {}
+        out.append({"fills": n, "ok": len(ok), "refused_429": statuses.get(429, 0),
+                    "other": {str(k): v for k, v in statuses.items() if k not in (200, 429)},
+                    "ok_ms": {"p50": _pct(ok, 50), "max": round(max(ok) * 1000, 1) if ok else None},
+                    "row_cap": queue.get("row_cap"), "max_queue": queue.get("max_queue"),
+                    "alone_first_frame_ms": _ms(queue.get("alone_first_frame_s")),
+                    "slowdown": queue.get("first_frame_slowdown")})
+    return {"scenario": "warm-tiny", "n_predict": n_predict,
+            "tiny": {"status": tiny_status, "ms": round(tiny_s * 1000, 1), "row_cap": after_tiny.get("row_cap"),
+                     "max_queue": after_tiny.get("max_queue"),
+                     "alone_first_frame_ms": _ms(after_tiny.get("alone_first_frame_s"))},
+            "rounds": out, "server_queue": _health(url).get("queue"),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _ms(seconds: Any) -> float | None:
+    return None if seconds is None else round(float(seconds) * 1000, 1)
+
+
+def _print_warm_tiny(r: dict[str, Any]) -> None:
+    t = r["tiny"]
+    print(f"tiny /infill (empty prefix and suffix, 4 tokens): {t['status']} in {t['ms']} ms; then row_cap "
+          f"{t['row_cap']}, max_queue {t['max_queue']}, alone first frame {t['alone_first_frame_ms']} ms")
+    head = ("fills", "200", "429", "other", "p50 ms", "max ms", "row_cap", "max_queue", "alone ms", "slowdown")
+    print(" | ".join(f"{h:>9}" for h in head))
+    for x in r["rounds"]:
+        cells = (x["fills"], x["ok"], x["refused_429"], sum(x["other"].values()), x["ok_ms"]["p50"],
+                 x["ok_ms"]["max"], x["row_cap"], x["max_queue"], x["alone_first_frame_ms"], x["slowdown"])
+        print(" | ".join(f"{'-' if c is None else c!s:>9}" for c in cells))
+    print(json.dumps(r))
+
+
 def _brief(queue: dict[str, Any] | None) -> dict[str, Any] | None:
     """The server's queue figures without the per-replica details (printed on their own line)."""
     return None if queue is None else {k: v for k, v in queue.items() if k != "replicas"}
@@ -271,6 +347,14 @@ def _free_port() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        rounds = [int(n) for n in args.fills.split(",")]
+        if not rounds or min(rounds) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"dcanvas bench load: --fills must be positive counts separated by commas, not {args.fills!r}",
+              file=sys.stderr)
+        return 2
     proc: subprocess.Popen[bytes] | None = None
     url = args.url
     if url is None:
@@ -313,11 +397,21 @@ def run(args: argparse.Namespace) -> int:
         pid = proc.pid if proc is not None else args.pid
         if args.ray:  # the replicas come up after the ingress answers: wait until all of them post figures
             _wait_replicas(url, args.replicas, deadline=time.monotonic() + 300)
-        result = asyncio.run(_run(url, args.token, args.sessions, args.seconds, pid, args.solo))
+        if args.warm_tiny:
+            warm = _warm_tiny(url, args.token, rounds, args.n_predict)
+        else:
+            result = asyncio.run(_run(url, args.token, args.sessions, args.seconds, pid, args.solo))
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a loaded machine: the figures are in, the server must not outlive them
+                proc.kill()
+                proc.wait()
+    if args.warm_tiny:
+        _print_warm_tiny(warm)
+        return 0 if all(not x["other"] for x in warm["rounds"]) and warm["tiny"]["status"] == 200 else 1
     r = result
     print(f"{r['sessions']} sessions for {r['seconds']} s: {r['errors']} errors {r['errors_by_kind']}, "
           f"{r['refusals']} refusals (busy)")
@@ -351,6 +445,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solo", type=int, default=5, help="generations timed alone on the idle server first")
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warm-tiny", action="store_true",
+                        help="HTTP: one tiny /infill, then rounds of concurrent fills (issue 47), instead of sessions")
+    parser.add_argument("--fills", default="4,8,16", help="with --warm-tiny: concurrent fills per round")
+    parser.add_argument("--n-predict", type=int, default=16, help="with --warm-tiny: each fill's n_predict")
     parser.set_defaults(func=run)
 
 

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, WordEdges, fim_prompt, heal_split
+from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, Order, WordEdges, fim_prompt, heal_split
+from canvas.engine.prefix_cache import PrefixCache
 from canvas.engine.types import Drafts
 from canvas.model import DiffusionModel, KVCache
 from canvas.sampling.sampler import SamplerConfig, sample_categorical, truncate_logits
@@ -56,6 +57,10 @@ _CLOSERS = "\"')]\u201d\u2019"
 # A FIM prompt's sides are cut to what the fine-tune saw (`canvas.convert.fim`): the last tokens of the left side,
 # the first of the right.
 _FIM_LEFT, _FIM_RIGHT = MAX_PREFIX, MAX_SUFFIX
+_FIM_LEFT_STEP = 32
+# The FIM prompt's order (the adapters trained on both, half each): "psm" puts the left side, which a keystroke
+# changes, before the right side; "spm" puts it last, so a keystroke changes only the prompt's tail.
+DEFAULT_FIM_ORDER: Order = "psm"
 
 
 def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
@@ -65,6 +70,17 @@ def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
     for i, piece in enumerate(pieces):
         text = piece or ""
         if "\n" in text or "<0x0A>" in text or text.rstrip().rstrip(_CLOSERS)[-1:] in tuple(_CLAUSE_MARKS):
+            out.add(i)
+    return frozenset(out)
+
+
+def line_break_ids(texts: Sequence[str]) -> frozenset[int]:
+    """The ids whose token text (`texts[id]`: each id decoded alone, or its SentencePiece piece) breaks the line before
+    writing on it: a line break (a newline or its byte token) with nothing but whitespace before it in the token."""
+    out = set()
+    for i, piece in enumerate(texts):
+        text = (piece or "").replace("<0x0A>", "\n")
+        if "\n" in text and not text.split("\n", 1)[0].replace("\u2581", " ").strip(" \t\r"):
             out.add(i)
     return frozenset(out)
 
@@ -113,8 +129,14 @@ class ARWalk:
                  argmax: Tensor, pinned: Tensor, used: int, generator: torch.Generator, *, keep_context: bool,
                  room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = (),
                  context: Sequence[int] = (), fim: FimTokens | None = None,
-                 word_edges: WordEdges | None = None) -> None:
+                 word_edges: WordEdges | None = None, prefix: PrefixCache | None = None,
+                 fim_order: Order = DEFAULT_FIM_ORDER, line_breaks: frozenset[int] | None = None) -> None:
         self.model, self.cfg, self.ctx, self.last = model, cfg, ctx, last
+        # The tokenizer's `line_break_ids`: banned as a gap's first token under `SamplerConfig.ar_first_newline` False
+        self.line_breaks = sorted(line_breaks or ())
+        self.prefix = prefix  # the engine's context cache: fed pinned runs and FIM prompts start from it
+        self.cached = 0  # tokens of fed pinned runs taken from `prefix` instead of encoded
+        self.fim_order = fim_order
         self.canvas, self.argmax, self.pinned, self.used = canvas, argmax, pinned, used
         self.generator, self.keep_context, self.room = generator, keep_context, room
         self.clause_ends, self.avoid = clause_ends, list(avoid)
@@ -124,6 +146,7 @@ class ARWalk:
         self.forwards = self.generated = 0
         self.seam_aware_gaps = 0  # gaps filled by scored drafts (the Done's mode says so)
         self.touched: tuple[int, int] = (0, 0)  # slots written since the caller last looked
+        self.shown = 0  # while a gap drafts: how many of its slots hold the leading draft's tokens
         self.drafting = False
         self.serial = 0  # a new value for every drafted gap (and SMC resample): its lanes' identity in the batch
         self.moved: dict[int, tuple[int, int]] = {}  # after a resample: batch row -> (old serial, old row)
@@ -166,6 +189,17 @@ class ARWalk:
         n = min(self.n + 1, self.end - self.start)  # tokens sampled per lane (the next is sampled as the last is fed)
         return Drafts(self.start, self.end, tuple(map(tuple, self.tokens[:, :n].tolist())), self.lead)
 
+    def written(self) -> Tensor:
+        """(L,) bool: the slots that hold a pin or a token the model wrote: every pin, every slot of a gap already
+        filled (its nulls too), and the leading draft's tokens so far in the gap being drafted. The others still hold
+        the canvas's initial noise (or, in a drafting gap, a token an earlier lead wrote that the new lead has not)."""
+        L = self.canvas.shape[0]
+        slots = torch.arange(L, device=self.canvas.device)
+        out = (self.pinned & (slots < self.used)) | (slots < self.pos)
+        if self.drafting:  # pos is the gap's start while it drafts
+            out |= (slots >= self.start) & (slots < self.start + self.shown)
+        return out
+
     def _free_after(self, slot: int) -> bool:
         return bool((~self.pinned[slot : self.used]).any())
 
@@ -182,7 +216,7 @@ class ARWalk:
                 while end < self.used and bool(self.pinned[end]):
                     end += 1
                 if self._needs_context(end):
-                    self._feed(self.canvas[pos:end])
+                    self._feed(self.canvas[pos:end], lookup=True)
                 self.pos = end
                 continue
             end = pos
@@ -195,10 +229,20 @@ class ARWalk:
             seam = self.canvas[end : min(run_end, end + self.cfg.ar_seam_tokens)] if end < self.used else None
             self._start_gap(pos, end, seam, self.canvas[end:run_end])
 
-    def _feed(self, tokens: Tensor) -> None:
-        out, _ = self.model.encode(tokens[None], cache=self.ctx, logits="last")
-        assert out is not None
-        self.last = out[0, -1]
+    def _feed(self, tokens: Tensor, *, lookup: bool = False) -> None:
+        """Encode `tokens` after the context. `lookup` (a pinned run: text an earlier request may have fed too):
+        from the context cache as far as it holds `history + tokens`, when `ctx` holds exactly `history`."""
+        ctx = self.ctx
+        if lookup and self.prefix is not None and ctx.length == len(self.history) and not bool(ctx.pos_offset.any()):
+            n = len(self.history)
+            pf = self.prefix.prefill(self.history + tokens.tolist(), max(0, ctx.capacity - n - len(tokens)),
+                                     base=(ctx, self.last))
+            self.ctx, self.last = pf.cache, pf.last
+            self.cached += max(0, pf.cached - n)
+        else:
+            out, _ = self.model.encode(tokens[None], cache=ctx, logits="last")
+            assert out is not None
+            self.last = out[0, -1]
         self.history.extend(tokens.tolist())
         self.forwards += 1
 
@@ -218,14 +262,22 @@ class ARWalk:
         self.fim_cache = self.shadow = None
         self.shadow_n = 0
         if scored and self.fim is not None:
-            left = self.history[-_FIM_LEFT:]
+            # The left side's start moves in steps of `_FIM_LEFT_STEP` (it keeps the last 161-192 tokens): while a
+            # writer types at its end, the prompt's head stays as it was, and so does its cached encoding.
+            cut = max(0, len(self.history) - _FIM_LEFT)
+            left = self.history[cut + -cut % _FIM_LEFT_STEP :]
             # Token healing (`heal_split`): the left side's last partial word opens the middle instead, as text.
             h = heal_split(left, *self.word_edges) if self.word_edges is not None else 0
-            prompt = fim_prompt(self.fim, left[: len(left) - h], right[:_FIM_RIGHT].tolist()) + left[len(left) - h :]
-            self.fim_cache = self.model.new_cache(1, len(prompt) + g)
-            out, _ = self.model.encode(torch.tensor([prompt], device=dev), cache=self.fim_cache, logits="last")
-            assert out is not None
-            first = out[0, -1]
+            prompt = fim_prompt(self.fim, left[: len(left) - h], right[:_FIM_RIGHT].tolist(), self.fim_order)
+            prompt += left[len(left) - h :]
+            if self.prefix is not None:  # as far as an earlier prompt shares it (the same gap a keystroke ago)
+                pf = self.prefix.prefill(prompt, g)
+                self.fim_cache, first = pf.cache, pf.last
+            else:
+                self.fim_cache = self.model.new_cache(1, len(prompt) + g)
+                out, _ = self.model.encode(torch.tensor([prompt], device=dev), cache=self.fim_cache, logits="last")
+                assert out is not None
+                first = out[0, -1]
             self.forwards += 1
         self.tokens = torch.zeros(self.lanes, g, dtype=torch.long, device=dev)
         self.lp = torch.zeros(self.lanes, g, device=dev)  # log p(draft token) at temperature 1 (the drafting frame)
@@ -235,6 +287,7 @@ class ARWalk:
         self.serial = next(_serials)
         self.moved = {}
         self.drafting = True
+        self.shown = 0
         self.seen = [{} for _ in range(self.lanes)]
         self._sample(first[None].expand(self.lanes, -1))
 
@@ -253,8 +306,11 @@ class ARWalk:
     def _lane_bans(self) -> list[list[int]]:
         """Each lane's tokens it may not write next: the scored draft's `_banned`, and the tokens that would repeat
         an `ar_no_repeat`-gram the lane already wrote (every draft, continuations too: a 270M base loops at any
-        temperature we use)."""
+        temperature we use), and, for a gap's first token under `ar_first_newline` False, the line breaks (an editor's
+        suggestion at a line with text never opens with an empty line, and no draft spends its budget on one)."""
         common = self._banned() if self.scored else []
+        if self.n == 0 and not self.cfg.ar_first_newline:
+            common = [*common, *self.line_breaks]
         bans = [list(common) for _ in range(self.lanes)]
         n = self.cfg.ar_no_repeat
         if n and self.n >= n - 1:
@@ -283,7 +339,7 @@ class ARWalk:
         # The leading draft is shown while drafts grow: the likeliest of those still writing.
         lead_score = self.lp[:, : i + 1].sum(1).masked_fill(self.done, _NEG) if not bool(self.done.all()) else None
         lead = self.lead = int(lead_score.argmax()) if lead_score is not None else 0
-        shown = min(i + 1, int(self.length[lead]))
+        shown = self.shown = min(i + 1, int(self.length[lead]))
         self.canvas[self.start : self.start + shown] = self.tokens[lead, :shown]
         self.argmax[self.start : self.start + shown] = self.tokens[lead, :shown]
         self.touched = (self.start + shown - 1, self.start + shown) if shown else (self.start, self.start)

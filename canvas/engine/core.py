@@ -13,17 +13,20 @@ of a gap that the sampler's `gap_min_fill` reserves for text.
 AR rows (`canvas.engine.ar`) walk their canvas left to right; every drafting lane of every AR row (an infill's K
 drafts, several users' fills) advances one token per step in ONE batched encoder forward, and a gap with text after
 it is filled by the draft and ending whose seam reads best. Rows stop individually; cancellation is
-honoured between steps. Encoder caches are kept in a small LRU keyed by the context tokens and reused while the
-context is unchanged.
+honoured between steps, and between the pieces of a long context's encode. A request's context is restored from the
+engine's `PrefixCache` as far as an earlier context shares its tokens (the longest common prefix: an editor's
+next keystroke re-encodes only what it changed), shared by every route into the engine, bounded in bytes.
 
 Requests wait for a row in a `canvas.engine.scheduling.FairQueue`: one lane per `owner`, rows handed out round-robin
 across owners, and a cancelled request leaves the queue at once (its `Done` is sent by `cancel()` itself). `submit`
 can refuse: its `admit` callback sees the request's `Placement` under the queue's lock, so what it checks is what
 the request gets. The engine measures its step time, how many steps generations hold a row, their own first-frame
-time and how far each running row has got (`load()`), from which waits are estimated.
+time (with the tokens run for it and whether it ran alone) and how far each running row has got (`load()`), from
+which waits and the row cap are estimated.
 
 Events go to the request's callback from the engine's thread: a `Frame` every `stream_every` steps (draft argmax
-with pins forced, accepted mask, entropy) and exactly one `Done` (committed slot ids per canvas, stats); a request
+with pins forced, accepted mask, entropy; an AR row's frame also says which slots are written so far: the others
+still hold noise) and exactly one `Done` (committed slot ids per canvas, stats); a request
 cancelled while queued gets its `Done` on the cancelling thread.
 Run it synchronously with `run_until_idle()` or in a background thread with `start()` / `stop()`.
 """
@@ -34,14 +37,14 @@ import itertools
 import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 import torch
 from torch import Tensor
 
-from canvas.convert.fim import FimTokens, WordEdges
-from canvas.engine.ar import ARBatch, ARWalk
+from canvas.convert.fim import FimTokens, Order, WordEdges
+from canvas.engine.ar import DEFAULT_FIM_ORDER, ARBatch, ARWalk
+from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB, MB, PrefillCancelled, PrefixCache
 from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
 from canvas.model import DiffusionModel, KVCache
@@ -80,6 +83,12 @@ class _Row:
         self.canvases: list[tuple[int, ...]] = []
         self.steps = self.forwards = self.generated = 0
         self.t0 = self.admitted = time.perf_counter()  # admitted: when it left the queue (the engine sets it)
+        self.cached_tokens = 0  # context tokens whose encoder cache was reused (the engine sets it)
+        self.prompt_s = 0.0  # seconds spent encoding the context at admission (the engine sets it)
+        # Until its first frame (`LoadStats.add_first_frame`): its own slots per step (an AR row's lanes), summed,
+        # and whether no other row ran beside it.
+        self.slot_steps = 0
+        self.alone = True
         self.new_canvas(L, device)
 
     def new_canvas(self, L: int, device: torch.device) -> None:
@@ -121,16 +130,23 @@ class _Row:
 
 
 class Engine:
-    def __init__(self, model: DiffusionModel, *, max_batch: int = 8, context_cache_size: int = 16,
+    def __init__(self, model: DiffusionModel, *, max_batch: int = 8,
+                 context_cache_mb: float = DEFAULT_CONTEXT_CACHE_MB, context_cache: PrefixCache | None = None,
                  noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
                  clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None,
-                 word_edges: WordEdges | None = None) -> None:
+                 word_edges: WordEdges | None = None, fim_order: Order = DEFAULT_FIM_ORDER,
+                 line_breaks: frozenset[int] | None = None) -> None:
         """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
         end after them); None spaces an AR infill's candidate endings evenly instead. `fim`: the FIM ids when the
         model has the FIM format (`canvas.convert.fim.model_fim_tokens`): AR infills then prompt with it unless a
         request's `SamplerConfig.fim` is False; None refuses requests that require it. `word_edges`: which ids start
         and end with whitespace (`canvas.convert.fim.word_boundaries`), for the FIM prompt's token healing; None
-        prompts with the left side as it is."""
+        prompts with the left side as it is. `fim_order`: the FIM prompt's order ("psm" or "spm"). `line_breaks`: the
+        ids that break a line before writing on it (`canvas.engine.ar.line_break_ids`), which a request's
+        `SamplerConfig.ar_first_newline` False bans as an AR gap's first token; None bans none.
+        `context_cache_mb`: the bytes (MiB) the encoder caches of earlier
+        contexts may hold (`canvas.engine.prefix_cache`; 0 keeps none); `context_cache`: one to share instead (an
+        engine's `twin` shares its own)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model.eval()
@@ -147,21 +163,28 @@ class Engine:
         self._progress: tuple[tuple[int, int], ...] = ()  # (steps run, most left) per row, after the last step
         self._rows: list[_Row] = []
         self._stacked: tuple[tuple[tuple[int, int], ...], KVCache] | None = None
-        self._contexts: OrderedDict[tuple[int, ...], tuple[KVCache, Tensor]] = OrderedDict()
-        self._context_cache_size = context_cache_size
+        if context_cache_mb < 0:
+            raise ValueError(f"context_cache_mb must be >= 0, got {context_cache_mb}")
+        self.contexts = context_cache or PrefixCache(model, int(context_cache_mb * MB))
         self._thread: threading.Thread | None = None
         self._running = False
         self.forward_s = 0.0  # time inside decoder forwards, for the step-overhead figure
         self.clause_ends = clause_ends
         self.fim = fim
         self.word_edges = word_edges
+        self.fim_order = fim_order
+        self.line_breaks = line_breaks
         self._ar = ARBatch(model)
 
-    def twin(self, *, max_batch: int = 1, context_cache_size: int = 16) -> Engine:
+    def twin(self, *, max_batch: int = 1, context_cache_mb: float | None = None) -> Engine:
         """A new engine on the same model with the same tokenizer facts (clause ends, FIM format, word edges): for a
-        caller that runs requests on its own thread of control (an evaluation, a one-off generation)."""
-        return Engine(self.model, max_batch=max_batch, context_cache_size=context_cache_size,
-                      clause_ends=self.clause_ends, fim=self.fim, word_edges=self.word_edges)
+        caller that runs requests on its own thread of control (an evaluation, a one-off generation). It shares this
+        engine's context cache, or, given `context_cache_mb`, has one of its own of that size (0: none, so that
+        every request encodes its whole context, as a measurement may want)."""
+        own = context_cache_mb is not None
+        return Engine(self.model, max_batch=max_batch, context_cache_mb=context_cache_mb or 0,
+                      context_cache=None if own else self.contexts, clause_ends=self.clause_ends, fim=self.fim,
+                      word_edges=self.word_edges, fim_order=self.fim_order, line_breaks=self.line_breaks)
 
     # ---- public API ------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
@@ -197,8 +220,7 @@ class Engine:
             s = self.stats
             return EngineLoad(self.max_batch, self._active, len(self._pending), s.step_s.value, s.first_frame_s.value,
                               tuple(s.gen_steps), self._progress, self._row_cap,
-                              min(s.alone_first_frames, default=None),
-                              s.first_frames)
+                              s.alone_first_frame_s(), s.first_frames, s.slowdown.value)
 
     def set_row_cap(self, rows: int) -> None:
         """Run at most `rows` generations side by side (clamped to [1, max_batch]); rows above a lowered cap finish,
@@ -257,6 +279,10 @@ class Engine:
         for row in [r for r in self._rows if r.handle.cancelled]:  # first: their rows go to whoever waits
             self._finish(row, "cancelled")
         self._admit()
+        for row in self._rows:  # what a first frame is measured against (`_first_frame`)
+            if row.handle.frames == 0:
+                row.slot_steps += row.used if row.cfg.mode == "diffusion" or row.ar is None else max(1, row.ar.rows)
+                row.alone &= len(self._rows) == 1
         diffusion = [r for r in self._rows if r.cfg.mode == "diffusion"]
         if diffusion:
             try:
@@ -303,13 +329,18 @@ class Engine:
                 continue
             t0 = time.perf_counter()
             try:
-                cache, last = self._context(req)
+                cache, last, cached = self._context(req, handle)
+                prompt_s = time.perf_counter() - t0
                 row = _Row(handle, req, cache, last, self.L, self.model.device, self._noise_factory(req.config))
+            except PrefillCancelled:  # cancelled while its context was encoded (between two pieces)
+                self._release()
+                handle._emit(cancelled_done(handle))
+                continue
             except Exception as e:
                 self._release()
                 handle._emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
                 continue
-            row.admitted = t0
+            row.admitted, row.cached_tokens, row.prompt_s = t0, cached, prompt_s
             self._rows.append(row)
 
     def _release(self, steps: int | None = None) -> None:
@@ -318,26 +349,14 @@ class Engine:
             if steps:
                 self.stats.gen_steps.append(steps)
 
-    def _context(self, req: GenRequest) -> tuple[KVCache, Tensor]:
-        """Encoder cache for the request's context: shared read-only when one canvas of diffusion is asked for,
-        a private copy with room to grow for continuations and AR."""
-        key = req.context_ids
-        private = req.n_canvases > 1 or req.config.mode == "ar"
-        if key in self._contexts:
-            self._contexts.move_to_end(key)
-            cache, last = self._contexts[key]
-        else:
-            ids = torch.tensor([key], dtype=torch.long, device=self.model.device)
-            cache = self.model.new_cache(1, len(key))
-            logits, cache = self.model.encode(ids, cache=cache, logits="last")
-            assert logits is not None
-            last = logits[0, -1]
-            self._contexts[key] = (cache, last)
-            while len(self._contexts) > self._context_cache_size:
-                self._contexts.popitem(last=False)
-        if private:
-            cache = cache.grown(cache.length + self.L * req.n_canvases)
-        return cache, last
+    def _context(self, req: GenRequest, handle: GenHandle) -> tuple[KVCache, Tensor, int]:
+        """Encoder cache for the request's context (private to its row: AR rows and continuations grow it), its
+        next-token logits, and how many of its tokens came from the context cache (frames and `Done` report them
+        as `cached_tokens`). The longest prefix an earlier context shares is restored and only the rest encoded
+        (`PrefixCache`); a request cancelled meanwhile stops between two pieces (`PrefillCancelled`)."""
+        room = self.L * req.n_canvases if req.n_canvases > 1 or req.config.mode == "ar" else 0
+        pf = self.contexts.prefill(req.context_ids, room, stop=lambda: handle.cancelled)
+        return pf.cache, pf.last, pf.cached
 
     def _diffusion_step(self, rows: list[_Row]) -> None:
         model, L = self.model, self.L
@@ -414,7 +433,8 @@ class Engine:
                 self._first_frame(row)
                 row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
                                        tuple(row.argmax.tolist()), tuple(accepted_all.tolist()),
-                                       tuple(entropy.tolist()), time.perf_counter() - row.t0))
+                                       tuple(entropy.tolist()), time.perf_counter() - row.t0,
+                                       cached_tokens=row.cached_tokens, prompt_s=row.prompt_s))
             if stop:
                 self._commit(row)
 
@@ -455,7 +475,8 @@ class Engine:
             row.ar = ARWalk(self.model, row.cfg, row.cache, row.last_logits, row.canvas, row.argmax, row.pinned,
                             row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
                             clause_ends=self.clause_ends, avoid=row.req.avoid, context=row.req.context_ids,
-                            fim=self.fim if row.cfg.fim is not False else None, word_edges=self.word_edges)
+                            fim=self.fim if row.cfg.fim is not False else None, word_edges=self.word_edges,
+                            prefix=self.contexts, fim_order=self.fim_order, line_breaks=self.line_breaks)
         walk = row.ar
         before = walk.forwards
         if not walk.drafting:
@@ -477,10 +498,15 @@ class Engine:
         if row.ar is not None:
             a, b = row.ar.touched
             accepted[a:b] = True
+            written = row.ar.written()
+        else:
+            written = row.pinned & row.valid
         self._first_frame(row)
         row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
                                tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
-                               time.perf_counter() - row.t0, None if row.ar is None else row.ar.drafts()))
+                               time.perf_counter() - row.t0, None if row.ar is None else row.ar.drafts(),
+                               written=tuple(written.tolist()), cached_tokens=row.cached_tokens,
+                               prompt_s=row.prompt_s))
 
     def _commit(self, row: _Row, encoded: bool = False) -> None:
         committed = row.argmax.tolist()
@@ -510,11 +536,9 @@ class Engine:
     def _first_frame(self, row: _Row) -> None:
         if row.handle.frames == 0:
             took = time.perf_counter() - row.admitted
-            with self._lock:
-                self.stats.first_frame_s.add(took)
-                self.stats.first_frames += 1
-                if len(self._rows) == 1:  # its first step ran alone: the baseline `RowCap` compares with
-                    self.stats.alone_first_frames.append(took)
+            size = len(row.req.context_ids) - row.cached_tokens + row.slot_steps  # tokens run for it, as if alone
+            with self._lock:  # first frames alone are the baseline `RowCap` compares with
+                self.stats.add_first_frame(took, size, alone=row.alone)
 
     def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:
         if row in self._rows:
@@ -523,4 +547,5 @@ class Engine:
         self._stacked = None
         mode: Writer = row.cfg.mode if not row.seam_filled else "ar-infill"
         row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
-                              time.perf_counter() - row.t0, error, mode=mode))
+                              time.perf_counter() - row.t0, error, mode=mode, cached_tokens=row.cached_tokens,
+                              prompt_s=row.prompt_s))

@@ -5,8 +5,9 @@ across lanes: each turn serves the lane at the head of the rotation and sends it
 request therefore waits behind every other owner's first, so a session that floods the queue or keeps re-issuing
 generations delays itself, never the others. `Placement` is where a new request would land (its position counts
 the requests that will be served before it), `LoadStats` what the engine measures of itself (step time, steps per
-generation, a generation's own first-frame time) and `EngineLoad` a snapshot of both, from which admission control
-(`canvas.server.admission`) estimates waits.
+generation, a generation's own first-frame time, the first frames of generations that ran alone, each with its
+size) and `EngineLoad` a snapshot of both, from which admission control (`canvas.server.admission`) estimates waits,
+and `RowCap` the rows run side by side.
 
 Invariants: an item is in at most one lane; a lane in the rotation is never empty; positions are exact for the
 queue as it stands (a later owner's first request may still overtake an earlier owner's second: that is the
@@ -15,8 +16,9 @@ fairness). Nothing here is thread-safe: the engine guards its queue and stats wi
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -128,17 +130,63 @@ class _Ewma:
 
 
 class LoadStats:
-    """What the engine measures of its own work, for wait estimates."""
+    """What the engine measures of its own work, for wait estimates and the row cap.
+
+    A first frame is measured with its generation's size (`add_first_frame`): the tokens the model ran for it before
+    that frame, as if it had run alone (the context it encoded, 0 when cached, plus its own slots at each step; an AR
+    row's drafting lanes and once its window). The first frames of generations that ran alone (no other row in the
+    engine at any of their steps up to it) are kept with their sizes: `alone_estimate` is what a generation of a given
+    size takes alone. `slowdown` follows how much longer than that the generations just measured took."""
 
     def __init__(self, keep: int = 128) -> None:
         self.step_s = _Ewma()  # wall time of an engine step that ran rows (admission and encoding included)
         self.first_frame_s = _Ewma()  # a generation's own first-frame time: from leaving the queue to its first frame
-        # The same, for the last generations that ran their first step alone. Their minimum is the baseline: one
-        # row alone can still be slowed (the event loop busy with the frames of rows that just finished, the first
-        # request's warm-up), never sped up, so the fastest recent one is the least disturbed.
-        self.alone_first_frames: deque[float] = deque(maxlen=keep // 2)
+        self.alone: deque[tuple[float, float]] = deque(maxlen=keep // 2)  # (size, first frame s) of the last alone
+        self.sizes: deque[float] = deque(maxlen=keep // 2)  # sizes of the last first frames (alone or not)
+        self.slowdown = _Ewma()  # own first frame / `alone_estimate` of its size
         self.first_frames = 0  # first frames measured so far (a clock for `RowCap`)
         self.gen_steps: deque[int] = deque(maxlen=keep)  # steps of the last rows to leave (done, cancelled, failed)
+
+    def add_first_frame(self, seconds: float, size: float, *, alone: bool) -> None:
+        """A generation's own first frame took `seconds` for `size` tokens; `alone`: no other row ran beside it."""
+        size = max(1.0, size)
+        self.first_frame_s.add(seconds)
+        self.first_frames += 1
+        self.sizes.append(size)
+        if alone:
+            self.alone.append((size, seconds))
+        expected = alone_estimate(self.alone, size)
+        if expected is not None and expected > 0:
+            self.slowdown.add(seconds / expected)
+
+    def alone_first_frame_s(self) -> float | None:
+        """What a generation of the recent median size takes alone (for /health); None until one ran alone."""
+        if not self.sizes:
+            return None
+        return alone_estimate(self.alone, sorted(self.sizes)[len(self.sizes) // 2])
+
+
+ALONE_NEAREST = 32  # alone samples, nearest in size (the newest among equals), that an estimate reads
+ALONE_QUANTILE = 0.25  # of their seconds per token
+
+
+def alone_estimate(samples: Iterable[tuple[float, float]], size: float, *, nearest: int = ALONE_NEAREST,
+                   q: float = ALONE_QUANTILE) -> float | None:
+    """The first frame a generation of `size` tokens is expected to have alone: `size` x the `q`-quantile of the
+    seconds per token of the `nearest` samples (size, seconds) closest to it in size (by ratio); None without any.
+
+    Why per token and nearest in size: a first frame grows with the context encoded and the slots stepped, and a
+    step has a fixed cost too, so a tiny request (an empty prefix and suffix: a few ms) says nothing of what a
+    fill of a 200-token window takes. Why a low quantile and not the minimum: one row alone can be slowed (the event
+    loop busy with frames of rows that just finished, another process), rarely sped up, so the faster samples are
+    the undisturbed ones; but the minimum is a single sample, and one lucky or odd request would set the baseline
+    for every later one (issue 47: one 21 ms first frame made every fill read as over the SLO; the cap fell to 1)."""
+    size = max(1.0, size)
+    ranked = sorted(enumerate(samples), key=lambda s: (abs(math.log(max(1.0, s[1][0]) / size)), -s[0]))
+    if not ranked:
+        return None
+    per_token = sorted(t / max(1.0, n) for _, (n, t) in ranked[:nearest])
+    return size * per_token[int(q * (len(per_token) - 1))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +201,9 @@ class EngineLoad:
     recent_steps: tuple[int, ...] = ()  # steps of the last generations to leave their rows
     rows: tuple[tuple[int, int], ...] = ()  # per running row after the last step: (steps run, most steps left)
     row_cap: int | None = None  # rows the engine runs side by side now (None: max_batch; see `RowCap`)
-    alone_first_frame_s: float | None = None
+    alone_first_frame_s: float | None = None  # `LoadStats.alone_first_frame_s`
     first_frames: int = 0
+    slowdown: float | None = None  # recent own first frames / their alone estimates (an EWMA; `RowCap` reads it)
 
     @property
     def cap(self) -> int:
@@ -198,7 +247,7 @@ class EngineLoad:
 
 class RowCap:
     """How many rows the engine may run side by side so that a generation's own first frame stays within `slo` times
-    the fastest recent first frame alone (`EngineLoad.alone_first_frame_s`).
+    what a generation of its size takes alone (`EngineLoad.slowdown`, against `alone_estimate`).
 
     Why a cap below `max_batch`: on a few CPU cores a bigger batch buys throughput with latency. The engine's thread,
     the event loop that turns frames into messages and (in a bench) the clients share the cores, so each row more
@@ -207,10 +256,12 @@ class RowCap:
     `max_batch`. The measure is the engine's own, so the cap follows whatever slows it (the model, the cores,
     another process).
 
-    The rule, checked on each new request: when the measured own first frame (an EWMA) is above `slo` x the first
-    frame alone, one row less; when it is below `relax` x that, one row more, up to `max_batch`. After a change the
-    cap holds until `settle` more first frames are measured, so the EWMA has moved before it is read again (alpha
-    0.2: five samples move it two thirds of the way). Until a first frame alone has been measured it is `max_batch`.
+    The rule, checked on each new request: when the measured slowdown (an EWMA) is above `slo`, one row less; when
+    it is below `relax` x `slo`, one row more, up to `max_batch`. After a change the cap holds until `settle` more
+    first frames are measured, so the EWMA has moved before it is read again (alpha 0.2: five samples move it two
+    thirds of the way). Until a first frame alone has been measured it is `max_batch`. It recovers by itself: the
+    fewer rows run together, the more first frames run alone, and those are the slowdown's own baseline (a window of
+    recent ones, never one fastest sample), so a cap cut too far measures a slowdown near 1 and grows again.
     """
 
     def __init__(self, max_batch: int, slo: float, *, relax: float = 0.7, settle: int = 5) -> None:
@@ -223,13 +274,12 @@ class RowCap:
     def update(self, load: EngineLoad) -> int:
         """The cap for `load`: changed by at most one row, and only once `settle` first frames followed the last
         change."""
-        ff, alone = load.first_frame_s, load.alone_first_frame_s
-        if ff is None or alone is None or load.first_frames < self._changed_at + self.settle:
+        slowdown = load.slowdown
+        if slowdown is None or load.first_frames < self._changed_at + self.settle:
             return self.cap
-        target = self.slo * alone
-        if ff > target and self.cap > 1:
+        if slowdown > self.slo and self.cap > 1:
             self.cap -= 1
-        elif ff < self.relax * target and self.cap < self.max_batch:
+        elif slowdown < self.relax * self.slo and self.cap < self.max_batch:
             self.cap += 1
         else:
             return self.cap

@@ -5,6 +5,9 @@ a request's callback receives (`Frame` every `stream_every` steps, exactly one `
 generation or wait for its `Done`). Everything here but the handle is a frozen, picklable value, so a request and its
 events can cross a process boundary unchanged (an engine replica in another process sends them back as they are).
 
+A frame of an AR row says which slots are written (`Frame.written`): the rest still hold noise, and whoever shows a
+frame (text, slots) shows only written slots as text.
+
 Invariants: a handle emits exactly one `Done`, after every `Frame`; `cancel()` is idempotent and may come from any
 thread; a request cancelled while it waits in the engine's queue gets its `Done` from the cancelling thread.
 """
@@ -78,6 +81,12 @@ class Frame:
     entropy: tuple[float, ...]  # (L,) nats; 0 for pinned slots
     elapsed_s: float
     drafts: Drafts | None = None  # AR infills with more than one draft: all of them (None otherwise)
+    # (L,) AR rows: True where the slot holds a pin or a token the model wrote (the leading draft's tokens so far
+    # count); a False slot still holds the canvas's initial noise and is no text. None: a diffusion row, whose every
+    # slot shows its current sample.
+    written: tuple[bool, ...] | None = None
+    cached_tokens: int = 0  # context tokens whose encoder cache the engine reused for this request
+    prompt_s: float = 0.0  # seconds the engine spent encoding the request's context when it admitted it
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +100,8 @@ class Done:
     wall_s: float
     error: str | None = None
     mode: Writer | None = None  # None: not run (cancelled while queued) or from an engine that predates the field
+    cached_tokens: int = 0  # as `Frame.cached_tokens`
+    prompt_s: float = 0.0  # as `Frame.prompt_s`
 
     @property
     def tokens_per_forward(self) -> float:

@@ -161,7 +161,7 @@ class Evaluator:
 
     def __init__(self, backend: Backend, judge: Judge, cfg: EvalConfig, progress: Progress | None = None) -> None:
         self.backend, self.judge, self.cfg = backend, judge, cfg
-        self.engine = backend.engine.twin(max_batch=1, context_cache_size=0)
+        self.engine = backend.engine.twin(max_batch=1, context_cache_mb=0)
         self.progress = progress
         self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
         self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int], tuple[int, int]]] = {}

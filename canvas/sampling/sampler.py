@@ -93,6 +93,10 @@ class SamplerConfig:
     ar_top_k: int = 0
     ar_top_p: float = 1.0
     ar_min_p: float = 0.0
+    # AR mode, per request: False bans the tokens that break the line before writing on it (a newline with at most
+    # whitespace before it, from the tokenizer) as a gap's first token. An editor's suggestion at a cursor line that
+    # has text then never starts with an empty line (`canvas.server.http.llama_infill`); never a model default.
+    ar_first_newline: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= 1024:
@@ -139,6 +143,8 @@ class SamplerConfig:
             raise ValueError(f"ar_top_k must be an integer >= 0 (0: off), got {self.ar_top_k!r}")
         if not 0 < self.ar_top_p <= 1 or not 0 <= self.ar_min_p <= 1:
             raise ValueError(f"ar_top_p must be in (0, 1] and ar_min_p in [0, 1], got {self.ar_top_p}, {self.ar_min_p}")
+        if not isinstance(self.ar_first_newline, bool):
+            raise ValueError(f"ar_first_newline must be true or false, got {self.ar_first_newline!r}")
 
     # ---- generation_config.json: a model's own sampler defaults (the file transformers' `generate` reads) ----------
     def to_generation_config(self) -> dict[str, Any]:
@@ -194,8 +200,16 @@ def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0, min_p: f
         return logits
     out = logits  # each cut makes a new tensor: the caller's logits are never written
     if 0 < top_k < out.shape[-1]:
-        kth = out.topk(top_k, dim=-1).values[:, -1:]  # (K, 1)
-        out = out.masked_fill(out < kth, -math.inf)
+        top = out.topk(top_k, dim=-1).values  # (K, k) descending
+        out = out.masked_fill(out < top[:, -1:], -math.inf)
+        distinct = not bool((top[:, 1:] == top[:, :-1]).any()) and not bool(((out > -math.inf).sum(-1) > top_k).any())
+        if top_p < 1 and distinct:
+            # The top-p cut within the k survivors, no sort over the vocabulary (which cost as much as the decode step
+            # at a 98k vocabulary): the same tokens as the general path below when no two of them tie.
+            p = top.softmax(-1)
+            floor = top.masked_fill(p.cumsum(-1) - p >= top_p, math.inf).amin(-1, keepdim=True)  # least one kept
+            out = out.masked_fill(out < floor, -math.inf)
+            top_p = 1.0
     if top_p < 1:
         sorted_, order = out.sort(dim=-1, descending=True)
         cum = sorted_.softmax(-1).cumsum(-1)

@@ -58,6 +58,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="generations stepped together (default 8)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for the engine (default: the physical cores this process may use)")
+    parser.add_argument("--context-cache-mb", type=float, default=None,
+                        help="MiB of encoder caches kept from earlier contexts, reused by their longest common prefix "
+                        "(an editor's next keystroke re-encodes only what changed); 0 keeps none (default 512)")
     parser.add_argument(
         "--max-queue",
         default="auto",
@@ -103,6 +106,8 @@ def _serve(args: argparse.Namespace) -> int:
         "max_batch": args.max_batch,
         "threads": args.threads,
     }
+    if args.context_cache_mb is not None:
+        fields["context_cache_mb"] = args.context_cache_mb
     admission: dict[str, Any] = {}
     if args.max_queue != "auto":
         if not args.max_queue.isdigit():

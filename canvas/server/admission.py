@@ -12,23 +12,25 @@ lane per owner (a session, an HTTP client) served round-robin, so a position cou
 before an owner's own second one: when the queue is full, a session's extra requests are the ones refused, never another
 session's first. Waits come from what the engine measures (`EngineLoad.release_times`): its step time, how long
 generations hold a row, and how far each running row has got. `max_queue` None (the default) sizes the bound from the
-same measurements: it is the number of rows expected to free up within `wait_factor` times a generation's own
-first-frame time (from leaving the queue to its first frame). It may be 0: then only a request that finds a free row
-gets in. A row whose generation was cancelled counts as free (the engine retires it at its next step, before it admits
-anyone): an HTTP response cut early (a stop sequence, a deadline) is answered a step before its row leaves, and its
-client's next request must not be refused for that row. The bound follows the load: when steps slow down (a bigger
-batch, another process on the cores) it shrinks. Why half an own first frame and not the 2 that the goal "first frame
-within 3x its own" suggests: an estimate is a mean, and rows stop when their entropy settles, so the real waits scatter
-far above it (bench load, 50 sessions: waits estimated at 40 ms took up to 440 ms). Allowing 1 or 2 own first frames put
-the p99 first frame at 8-10x the idle one; half of one queues little more than what is about to start. A floor of 1
-waiting request (a freed row taken at once instead of idling until a refused client comes back) bought ~5% more
-generations for a p99 first frame 1.5x longer (BENCHMARKS.md), so there is none.
+same measurements against the wait a request may have (`max_wait_s`, 1 s): it is the number of rows expected to free
+up within that wait, so a burst of writers (eight editors asking at once on an eight-row server that is busy) waits
+its turn instead of being refused, and only a request that would wait longer is told to come back. Why a second and
+not a fraction of a first frame (the bound before issue 47): a client refused has to come back, and the refused ones
+measured 2.3 s p50 to their first frame with retries (bench load, 50 sessions), worse than the wait they were spared;
+and an estimate near zero refused the ninth of nine writers on a fresh server, and every queued request once the row
+cap had fallen. A row whose generation was cancelled counts as free (the engine retires it at its next step, before it
+admits anyone): an HTTP response cut early (a stop sequence, a deadline) is answered a step before its row leaves, and
+its client's next request must not be refused for that row. The bound follows the load: when steps slow down (a
+bigger batch, another process on the cores) it shrinks.
 
 The rows themselves are capped too (`AdmissionConfig.first_frame_slo`, `canvas.engine.scheduling.RowCap`): each request
-first lets the cap follow the engine's measured own first frame against the fastest recent first frame alone, a row
-more or less, so that on a few CPU cores a full batch does not slow every admitted generation's start (bench load,
-2 cores: 3.1x the idle first frame at p99 with 8 rows, 2.0x with 4). On a GPU, where rows cost little, it stays at
-`max_batch`. A request that finds no free row under the cap waits or is refused as above.
+first lets the cap follow the engine's measured slowdown, a generation's own first frame against what a generation of
+its size took alone (`canvas.engine.scheduling.alone_estimate`: per token, from the recent alone first frames nearest
+in size, at their 25th percentile; never the single fastest one, which a request with an empty prefix and suffix set
+for every later one before issue 47), a row more or less, so that on a few CPU cores a full batch does not slow every
+admitted generation's start (bench load, 2 cores: 3.1x the idle first frame at p99 with 8 rows, 2.0x with 4). On a
+GPU, where rows cost little, it stays at `max_batch`. The cap recovers by itself: fewer rows side by side run more
+first frames alone, which are the baseline. A request that finds no free row under the cap waits or is refused as above.
 
 `retry_after_s` spreads the refused clients out and brings them back in the order they were first refused: the
 owners refused lately and not admitted since wait outside in that order, and the k-th of them is told to come back
@@ -55,21 +57,21 @@ if TYPE_CHECKING:  # the engine imports torch; ServerConfig imports this module 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     max_queue: int | None = None  # engine rows a request may wait for; None: sized from the measured load
-    # The sized bound's wait, in a generation's own first-frame times (0.5: only what is about to start; see above).
-    wait_factor: float = 0.5
+    # The sized bound: rows expected to free up within this wait (seconds; see above). A burst waits its turn.
+    max_wait_s: float = 1.0
     cold_queue: int = 8  # the sized bound before the engine has measured anything (a fresh server)
     max_sized_queue: int = 256  # the sized bound never exceeds this, however fast the steps
     contention_s: float = 5.0  # a refused owner keeps its place outside for this long after its last refusal
     max_retry_s: float = 30.0  # the longest retry_after_s given
-    # Rows run side by side are capped so a generation's own first frame stays within this many times its first
-    # frame alone (`canvas.engine.scheduling.RowCap`); None: always max_batch rows.
+    # Rows run side by side are capped so a generation's own first frame stays within this many times what one of
+    # its size takes alone (`canvas.engine.scheduling.RowCap`); None: always max_batch rows.
     first_frame_slo: float | None = 2.5
 
     def __post_init__(self) -> None:
         if self.max_queue is not None and self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0 or None, got {self.max_queue}")
-        if not self.wait_factor > 0:
-            raise ValueError(f"wait_factor must be > 0, got {self.wait_factor}")
+        if not self.max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be > 0, got {self.max_wait_s}")
         if self.cold_queue < 0 or self.max_sized_queue < 1:
             raise ValueError("cold_queue must be >= 0 and max_sized_queue >= 1")
         if not (self.contention_s > 0 and self.max_retry_s > 0):
@@ -135,15 +137,14 @@ class Admission:
 
     def bound(self, load: EngineLoad) -> int:
         """The queue's bound now: the configured one, or how many rows are expected to free up within the wait a
-        request may have (`wait_factor` x the measured own first-frame time); 0 when none is."""
+        request may have (`max_wait_s`); 0 when none is (every row held by a generation longer than that)."""
         c = self.config
         if c.max_queue is not None:
             return c.max_queue
         times = load.release_times(c.max_sized_queue)
-        if times is None or load.first_frame_s is None:
+        if times is None:
             return c.cold_queue
-        budget = c.wait_factor * load.first_frame_s
-        return sum(1 for t in times if t <= budget)
+        return sum(1 for t in times if t <= c.max_wait_s)
 
     @staticmethod
     def wait_s(placement: Placement, load: EngineLoad) -> float | None:
@@ -203,6 +204,7 @@ class Admission:
         return {"queued": load.queued, "active": load.active, "max_batch": load.max_batch, "row_cap": load.cap,
                 "max_queue": self.bound(load), "step_s": _r4(load.step_s), "gen_steps": _round(load.gen_steps),
                 "first_frame_s": _r4(load.first_frame_s), "alone_first_frame_s": _r4(load.alone_first_frame_s),
+                "first_frame_slowdown": _round(load.slowdown),
                 "admitted": self.counts["admitted"],
                 "refused": self.counts["refused"], "refused_waiting": len(self._outside)}
 

@@ -60,7 +60,8 @@ def create_app(config: ServerConfig, backend: Backend | None = None, store: DocS
         model_dir = resolve_model(config.model_dir).path  # raises ModelUnavailable (a FileNotFoundError)
         # Loading takes seconds to minutes (weights, the dtype probe, a first build of the CPU kernels): say so first.
         print(f"dcanvas: loading the model in {model_dir}...", file=sys.stderr, flush=True)
-        backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads)
+        backend = load_backend(model_dir, max_batch=config.max_batch, threads=config.threads,
+                               context_cache_mb=config.context_cache_mb)
     own_store = store is None
     # DCANVAS_STORE_FAULTS (soak tests only) wraps the store in one that fails on purpose (canvas.server.faults).
     the_store = from_env(open_store(config.db)) if store is None else store

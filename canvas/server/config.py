@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB
 from canvas.protocol import ServerLimits
 from canvas.server.admission import AdmissionConfig
 from canvas.server.security import default_origins, is_loopback
@@ -38,6 +39,9 @@ class ServerConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)
     max_batch: int = 8  # generations the engine runs in one batched step
     threads: int | None = None  # torch intra-op threads; None: the physical cores this process may use
+    # MiB the engine's context cache may hold (`canvas.engine.prefix_cache`: encoder caches of earlier contexts,
+    # reused by longest common prefix across every route); 0 keeps none
+    context_cache_mb: float = DEFAULT_CONTEXT_CACHE_MB
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # the queue's bound (sized from the load)
 
     def __post_init__(self) -> None:
@@ -54,6 +58,8 @@ class ServerConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.context_cache_mb < 0:
+            raise ValueError(f"context_cache_mb must be >= 0, got {self.context_cache_mb}")
 
     @property
     def allowed_origins(self) -> frozenset[str]:

@@ -1,17 +1,20 @@
 """Generations: from `gen.start` to exactly one `gen.done`, each driven by its own asyncio task.
 
-A `Run` is submitted to the engine (which steps every running canvas in one batched forward on its own thread);
-the engine's events cross to the event loop with `call_soon_threadsafe` and the run's task turns them into
-`gen.progress` deltas (only slots whose token, acceptance or entropy changed) on the owner's `Outbox`, then a
-`gen.done`. Because the run is a task, the session keeps reading requests while it runs: a `gen.cancel`, an
-edit that makes it stale, a new `gen.start` that supersedes it or the session closing all stop it between engine
-steps (or, while it waits in the engine's queue, take it out of the queue at once), and whatever stopped it, the
-engine still reports `Done` and the run still sends its one `gen.done` with the reason. Admission
-(`canvas.server.admission`) may refuse a `gen.start` with `busy`; `gen.accepted` says where it queued.
+A `Run` is submitted to the engine (which steps every running canvas in one batched forward on its own thread); the
+engine's events cross to the event loop with `call_soon_threadsafe` and the run's task turns them into `gen.progress`
+deltas (only slots whose token, acceptance or entropy changed) on the owner's `Outbox`, then a `gen.done`. A slot an AR
+frame says is not written yet holds the canvas's initial noise: it goes out as `written: false` with no token and no
+text, never as the noise. Because the run is a task, the session keeps reading requests while it runs: a `gen.cancel`,
+an edit that makes it stale, a new `gen.start` that supersedes it or the session closing all stop it between engine
+steps (or, while it waits in the engine's queue, take it out of the queue at once), and whatever stopped it, the engine
+still reports `Done` and the run still sends its one `gen.done` with the reason. Admission (`canvas.server.admission`)
+may refuse a `gen.start` with `busy`; `gen.accepted` says where it queued.
 
 While a run is going, a disjoint change may move the document on; the first such change snapshots the document
 at the run's base version, so the proposal is read back against the canvas the engine actually filled. A completed
-run's proposal is stored (`Proposals.add`) before its `gen.done` goes out.
+run's proposal is stored (`Proposals.add`) before its `gen.done` goes out. Every run ends with its one `gen.done`,
+whatever the store does: when it cannot store the proposal, or (shared) cannot be locked or read at the run's end
+(the database restarting or down), a completed run ends `unavailable` (typed, retryable) with nothing stored.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
     from canvas.server.hub_port import HubPort
 
 log = logging.getLogger("canvas.server")
+_UNWRITTEN = (-1, False, None)  # what `Run.shown` remembers of a slot the model has not written yet
 
 
 def resolve_params(p: GenParams, defaults: SamplerConfig, mode: Mode) -> tuple[GenParams, SamplerConfig]:
@@ -243,8 +247,14 @@ class Generations:
         text = self.hub.backend.token_text
         slots: list[SlotUpdate] = []
         accepted = 0
+        written = frame.written
         for k, pinned in enumerate(run.pinned):
             if pinned:
+                continue
+            if written is not None and not written[k]:  # still the canvas's noise: no token, no text
+                if run.shown.get(k) != _UNWRITTEN:
+                    run.shown[k] = _UNWRITTEN
+                    slots.append(SlotUpdate(i=k, token=-1, text="", entropy=None, accepted=False, written=False))
                 continue
             token, ok = int(frame.draft[k]), bool(frame.accepted[k])
             e = float(frame.entropy[k])
@@ -281,30 +291,52 @@ class Generations:
 
     async def _finish(self, run: Run, done: Done) -> None:
         live = run.live
-        async with live.lock, self.hub.peers.guard(live):  # up to date with other server processes (a shared store)
-            status: GenStatus = run.reason or done.status
-            if run.session.id not in self.hub.sessions:
-                status = "cancelled"  # its session is gone: nobody could accept a proposal
-            proposal: Proposal | None = None
-            message: str | None = run.message
-            if status == "completed":
-                try:
-                    proposal = await self._proposal(run, done)
-                except DocumentError as e:
-                    log.warning("generation %s: no proposal: %s", run.id, e)
-                    status, message = "failed", f"the generation could not be read back: {e}"
-                except Exception as e:  # the store could not keep the proposal: retryable, nothing was changed
-                    if not write_failed(e):
-                        raise
-                    log.warning("generation %s: the store could not save its proposal: %s", run.id, e)
-                    status, message = "unavailable", "the document store could not save the proposal; retry"
-            elif status == "failed":
-                message = (done.error or "the engine failed")[:300]
-            elif status == "unavailable":  # its replica died, or the store refused a change: retryable, nothing lost
-                message = run.message or (done.error or "the engine replica went away")[:300]
-            elif status == "stale":
-                message = "an edit overlapped the text being generated"
-            self._close(run, status, proposal, done, message)
+        async with live.lock:
+            try:
+                async with self.hub.peers.guard(live):  # up to date with other server processes (a shared store)
+                    status, proposal, message = await self._outcome(run, done)
+                    self._close(run, status, proposal, done, message)
+            except Exception as e:
+                # The shared store's lock or catch-up failed (the database restarting or down, or another server
+                # holding the document too long): the generation still ends, typed and retryable, with nothing
+                # saved. After its gen.done went out (only the unlock failed) there is nothing left to tell.
+                busy = isinstance(e, ProtocolError) and e.code is ErrorCode.BUSY
+                if not (busy or write_failed(e)):
+                    raise
+                if run.id in self.runs:
+                    log.warning("generation %s: the document store is unavailable: %s", run.id, e)
+                    status, proposal, message = await self._outcome(run, done, store=False)
+                    self._close(run, status, proposal, done, message)
+
+    async def _outcome(self, run: Run, done: Done, *, store: bool = True) -> tuple[GenStatus, Proposal | None,
+                                                                                    str | None]:
+        """How the generation ended, under the document's lock: a completed one's proposal is stored first; without
+        the `store` (it cannot be locked or read), a completed one ends `unavailable` and the others as they are."""
+        status: GenStatus = run.reason or done.status
+        if run.session.id not in self.hub.sessions:
+            status = "cancelled"  # its session is gone: nobody could accept a proposal
+        proposal: Proposal | None = None
+        message: str | None = run.message
+        if status == "completed" and not store:
+            status, message = "unavailable", "the document store is unavailable: nothing was saved; retry"
+        elif status == "completed":
+            try:
+                proposal = await self._proposal(run, done)
+            except DocumentError as e:
+                log.warning("generation %s: no proposal: %s", run.id, e)
+                status, message = "failed", f"the generation could not be read back: {e}"
+            except Exception as e:  # the store could not keep the proposal: retryable, nothing was changed
+                if not write_failed(e):
+                    raise
+                log.warning("generation %s: the store could not save its proposal: %s", run.id, e)
+                status, message = "unavailable", "the document store could not save the proposal; retry"
+        elif status == "failed":
+            message = (done.error or "the engine failed")[:300]
+        elif status == "unavailable":  # its replica died, or the store refused a change: retryable, nothing lost
+            message = run.message or (done.error or "the engine replica went away")[:300]
+        elif status == "stale":
+            message = "an edit overlapped the text being generated"
+        return status, proposal, message
 
     async def _proposal(self, run: Run, done: Done) -> Proposal:
         live, backend = run.live, self.hub.backend
@@ -323,7 +355,8 @@ class Generations:
         self, run: Run, status: GenStatus, proposal: Proposal | None, done: Done | None, message: str | None
     ) -> None:
         live = run.live
-        self.runs.pop(run.id, None)
+        if self.runs.pop(run.id, None) is None:
+            return  # closed already: a generation gets exactly one gen.done
         run.session.gens.discard(run.id)
         self.resolved(run.id, status if proposal is None else "pending")
         was_current = live.run is run

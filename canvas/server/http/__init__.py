@@ -4,10 +4,10 @@ shared HTTP core.
 Map: `core` (`HttpApi`: who may call, body limits, how a request's generation is tied to its connection; `Refusal`,
 server-sent events), `textgen` (text in, engine request out, text back), `textrun` (the `n` generations of one
 request as a stream of text events), `openai` and `llama_infill` (the two dialects' routes), `llama_fields` and
-`llama_instruct` (llama.cpp's request fields and llama.vim's instruction shape). `routes` below assembles both
-dialects for `canvas.server.app`. May import the engine (`canvas.engine`), the sampler settings, and
-`canvas.server.admission` / `config` / `security`; the dialects import `core`, never the other way round. Imported
-by `canvas.server.app` only (and the tests).
+`llama_instruct` (llama.cpp's request fields and llama.vim's instruction shape), `llama_rewrite` (llama.vim's
+instructions answered from screened candidates). `routes` below assembles both dialects for `canvas.server.app`. May
+import the engine (`canvas.engine`), the sampler settings, and `canvas.server.admission` / `config` / `security`; the
+dialects import `core`, never the other way round. Imported by `canvas.server.app` only (and the tests).
 """
 
 from __future__ import annotations

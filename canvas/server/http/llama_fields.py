@@ -93,8 +93,12 @@ def llama_budget(n_predict: int, *, infill: bool, canvas_length: int, max_canvas
 
 
 class Deadline:
-    """`t_max_predict_ms`: once it has passed since a choice's first draft, the first draft that holds a newline ends
-    that choice (llama.cpp stops there only after a new line too). Feed it every event of the run."""
+    """`t_max_predict_ms`: once it has passed since a choice's first draft, the first draft whose text holds a newline
+    (or has ended at a cut rule: a single-line suggestion's newline is cut) ends that choice (llama.cpp stops there
+    only after a new line too), with the text the model has written so far:
+    a draft shows only written slots (an AR row's others still hold noise), and `TextRun.settle` takes them, cut back
+    to a word boundary where the text goes on. It ends as llama.cpp's "limit", OpenAI's "length". Feed it every
+    event of the run."""
 
     def __init__(self, run: TextRun, limit_ms: int) -> None:
         self.run, self.limit_s = run, limit_ms / 1000
@@ -105,5 +109,5 @@ class Deadline:
             return
         now = time.monotonic()
         first = self.first.setdefault(ev.index, now)
-        if now - first >= self.limit_s and "\n" in ev.text:
+        if now - first >= self.limit_s and ("\n" in ev.text or ev.ended):
             self.run.settle(ev.index)

@@ -6,16 +6,22 @@ oldest first; their file names are not used), then `input_prefix`, then `prompt`
 up to the cursor there); `input_suffix` follows the gap. `n_predict` is the token budget (-1: the largest gap; 0:
 nothing is generated, as llama.vim's context warm-up requests expect; with no suffix, -1 is one canvas).
 
-Like llama.cpp, unknown fields are ignored, and so are the sampler chain's knobs (`samplers`, penalties, ...;
-`top_k`, `top_p` and `min_p` cut the tail of AR mode's next-token distribution)
-and the slot and cache hints; a field that could not be ignored without changing what the client gets (`grammar`,
-`json_schema`, `n_probs`, `logit_bias`, `lora`, ...) is refused with a 400. Supported: `n_indent` (the text ends
-at the first later line indented less), `t_max_predict_ms` (after that long, the first draft holding a newline is
-taken as the result), `stop`, `seed`, `temperature`, `stream` and `response_fields` (paths such as
-`timings/prompt_n` become top-level keys, as llama.vim reads them), and our extension `dcanvas: {mode}` (left
-out: the model's default mode for an infill). Responses are compact JSON: llama.vim matches `"content":"`
-literally. The budget, seed, time limit and refused fields are shared with the OpenAI routes
-(`canvas.server.http.llama_fields`). The field table is docs/openai-llama.md.
+Like llama.cpp, unknown fields are ignored, and so are the sampler chain's knobs (`samplers`, penalties, ...; `top_k`,
+`top_p` and `min_p` cut the tail of AR mode's next-token distribution) and the slot and cache hints; a field that could
+not be ignored without changing what the client gets (`grammar`, `json_schema`, `n_probs`, `logit_bias`, `lora`, ...) is
+refused with a 400. Supported: `n_indent` (the text ends at the first later line indented less), `t_max_predict_ms`
+(after that long, the first draft whose written text holds a newline ends it: `llama_fields.Deadline`), `stop`, `seed`,
+`temperature`, `stream` and `response_fields` (paths such as `timings/prompt_n` become top-level keys, as llama.vim
+reads them), and our extension `dcanvas: {mode}` (left out: the model's default mode for an infill). Responses are
+compact JSON: llama.vim matches `"content":"` literally. The budget, seed, time limit and refused fields are shared with
+the OpenAI routes (`canvas.server.http.llama_fields`). The field table is docs/openai-llama.md.
+
+Where a suggestion ends (`canvas.server.http.endings`, which sets out how it matches llama.cpp's server): besides
+llama.cpp's rules (EOS, `stop`, the budget, `n_indent`, `t_max_predict_ms`), a cursor line with text before the
+cursor gets the rest of that line only, cut before a repeat of what follows the cursor on it, drafted with a
+`<|fim_end|>` allowed from the first token (`ar_min_fill` 0); the first token never breaks the line unless the cursor
+is at the start of a line with text after it (`SamplerConfig.ar_first_newline`). An AR row stops as soon as every
+draft has reached its end (`endings.early_end`), so such a suggestion costs its line.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from starlette.routing import BaseRoute, Route
 
 from canvas.sampling.sampler import Mode
 from canvas.server.http.core import ClientGone, HttpApi, Refusal, sse
+from canvas.server.http.endings import indent_rule as indent_rule  # where it was: the OpenAI routes import it here
+from canvas.server.http.endings import suggestion_endings
 from canvas.server.http.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
-from canvas.server.http.textgen import CutRule, Plan, TextTask, plan, sampler_config
+from canvas.server.http.textgen import Plan, TextTask, plan, sampler_config
 from canvas.server.http.textrun import Delta, Draft, Event, Finish, GenerationFailed
 
 
@@ -85,24 +93,6 @@ def _error(e: Refusal) -> Response:
                         headers=e.headers())
 
 
-def indent_rule(n_indent: int) -> CutRule:
-    """llama.cpp's `n_indent`: after the first newline, the text ends at the first line whose indentation (spaces
-    and tabs) is narrower than `n_indent`, just before that line's first other character."""
-
-    def cut(text: str) -> int | None:
-        nl = text.find("\n")
-        while nl >= 0:
-            k = nl + 1
-            while k < len(text) and text[k] in " \t":
-                k += 1
-            if k < len(text) and k - (nl + 1) < n_indent:
-                return k
-            nl = text.find("\n", nl + 1)
-        return None
-
-    return cut
-
-
 def _parse(data: dict[str, Any]) -> InfillRequest:
     try:
         req = InfillRequest.model_validate(data)
@@ -131,16 +121,23 @@ def _task(api: HttpApi, req: InfillRequest) -> TextTask:
         raise Refusal(400, str(e)) from None
     seed = llama_seed(req.seed)
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
-    cut = indent_rule(req.n_indent) if req.n_indent > 0 else None
-    return TextTask(before, req.input_suffix or None, budget, config, seed, 1, tuple(s for s in stops if s), cut)
+    ends = suggestion_endings(before, req.input_suffix, config, n_indent=req.n_indent,
+                              one_gap=infill or budget <= api.backend.canvas_length)
+    return TextTask(before, req.input_suffix or None, budget, ends.config, seed, 1, tuple(s for s in stops if s),
+                    ends.cut, ends.join)
 
 
 def _stop_type(f: Finish) -> str:
-    return {"eos": "eos", "word": "word"}.get(f.reason, "limit")
+    """llama.cpp's `stop_type`: "eos" (the model ended the text), "word" (a stop sequence), "limit" (the budget,
+    `n_indent` or `t_max_predict_ms`)."""
+    return {"eos": "eos", "word": "word", "length": "limit", "rule": "limit", "time": "limit"}.get(f.reason, "none")
 
 
 def _timings(p: Plan, f: Finish) -> dict[str, float | int]:
-    prompt_ms, predicted_ms = f.queued_s * 1000, f.wall_s * 1000
+    """llama.cpp's `timings`. `prompt_ms` is the engine's encoding of the context alone (near 0 when it reused a
+    kept cache; the wait in the queue is in neither figure); `predicted_ms` runs from the first step to the end,
+    and so includes what an AR infill encodes besides its tokens (the FIM prompt, the pinned text it walks)."""
+    prompt_ms, predicted_ms = f.prompt_s * 1000, f.wall_s * 1000
     return {
         "prompt_n": p.prompt_tokens,
         "prompt_ms": round(prompt_ms, 3),
@@ -164,8 +161,9 @@ def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish
         "index": 0, "content": f.text, "tokens": [], "id_slot": 0, "stop": True, "model": api.backend.name,
         "tokens_predicted": f.tokens, "tokens_evaluated": p.prompt_tokens, "generation_settings": settings,
         "prompt": "", "has_new_line": "\n" in f.text, "truncated": p.truncated, "stop_type": _stop_type(f),
-        "stopping_word": f.stop_word or "", "tokens_cached": 0, "timings": _timings(p, f),
-        "dcanvas": {"steps": f.steps},  # an extension: the denoising steps it took
+        "stopping_word": f.stop_word or "", "tokens_cached": f.cached_tokens, "timings": _timings(p, f),
+        # An extension: the steps it took, and why it ended (`textgen.End`: "time" is a `t_max_predict_ms` end).
+        "dcanvas": {"steps": f.steps, "end": f.reason},
     }  # fmt: skip
 
 

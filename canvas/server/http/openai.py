@@ -16,8 +16,9 @@ model's default mode for an infill, with a suffix, or for a continuation).
 llama.cpp's server takes its own fields on these routes, and its clients send them: they are honoured, ignored by
 name or refused as `canvas.server.http.llama_fields` says (an unknown name is still refused). A chat request in
 llama.vim's instruction shape (`canvas.server.http.llama_instruct`) is a rewrite: its answer is the new selection,
-filled between the text before and after it, with the instruction before that text; when the selection is too long for
-one canvas's gap, or nothing follows it, the text before it is continued instead.
+filled between the text before and after it, with the instruction and the selection before that text; when the
+selection is too long for one canvas's gap, or nothing follows it, the text before it is continued instead. Its
+candidates are screened and answered by `canvas.server.http.llama_rewrite` (nothing copied from outside the selection).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from canvas.server.http.llama_fields import (
 )
 from canvas.server.http.llama_infill import indent_rule
 from canvas.server.http.llama_instruct import Edit, edit_prompt, find_edit
+from canvas.server.http.llama_rewrite import serve_rewrite
 from canvas.server.http.textgen import TextTask, max_gap, plan, sampler_config
 from canvas.server.http.textrun import Delta, Draft, Event, Finish, GenerationFailed
 
@@ -311,7 +313,9 @@ def openai_routes(api: HttpApi) -> list[BaseRoute]:
             edit = find_edit([(m.role, m.text) for m in req.messages])
             if edit is not None:  # tokenizing the selection is work: off the event loop
                 task = await asyncio.to_thread(_edit_task, api, req, edit)
-                return await _serve(api, request, req, task, chat=True, fresh_turn=False)
+                usage = req.stream_options is not None and req.stream_options.include_usage
+                return await serve_rewrite(api, request, edit, task, stream=bool(req.stream), include_usage=usage,
+                                           t_max_predict_ms=req.t_max_predict_ms)
             last = req.messages[-1]
             lines = [f"{_CHAT_ROLES[m.role]}: {m.text}" for m in req.messages]
             # A last assistant message is a reply to continue; otherwise the assistant's turn starts.

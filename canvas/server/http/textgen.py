@@ -12,12 +12,15 @@ text, cut where the text must end). Two layouts:
   down to `_API_MIN_FILL` here: an editor's budget is a ceiling, not a length to fill.
 
 Invariants: the context always starts with BOS (when the tokenizer has one) and keeps its newest tokens when it is
-cut to `max_context`; text is read with a little left context so a SentencePiece decoder keeps a leading space;
-`TextReader.text` only grows, except once, when a stop sequence or a cut rule ends it.
+cut to `max_context` (at least 7/8 of it: the cut moves in steps, so that a growing prompt keeps a stable start);
+text is read with a little left context so a SentencePiece decoder keeps a leading space; only slots the model wrote
+are read as text (an AR frame's unwritten slots hold noise); `TextReader.text` only grows, except once, when a stop
+sequence, a cut rule or a word cut ends it, and never shrinks below `safe`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -38,10 +41,11 @@ _MAX_GAP_SHARE = 0.75
 # that a fill is never empty; on the embedded model 64-slot gaps then filled with 4 to 30 tokens where little fit.
 _API_MIN_FILL = 0.125
 _LEFT_TOKENS = 8  # prefix tokens decoded before a fill, so its first token keeps its leading space
+_CUT_STEP = 256  # a context cut to `max_context` drops its oldest tokens in steps of this many (at most an eighth)
 
 CutRule = Callable[[str], int | None]  # text -> where it must end (a dialect's rule, e.g. llama.cpp's n_indent)
 # Why a text ended: "eos" (the model ended it: EOS, or an infill that left slots null), "word" (a stop sequence),
-# "rule" (the task's cut rule), "length" (the budget was used up), "time" (settled early at its draft).
+# "rule" (the task's cut rule), "length" (the budget was used up), "time" (settled early at its draft: a time limit).
 End = Literal["eos", "word", "rule", "length", "time"]
 
 
@@ -55,6 +59,10 @@ class TextTask:
     n: int = 1  # independent choices, batched together by the engine
     stop: tuple[str, ...] = ()  # the text ends before the first of these
     cut: CutRule | None = None
+    # Where a text that ended on its own (EOS, or an infill that left slots null) must end: e.g. before what repeats
+    # the text after the gap (`canvas.server.http.endings`). A cut rule sees a text that may still grow; this, one
+    # whose end is the model's.
+    join: CutRule | None = None
 
     @property
     def infill(self) -> bool:
@@ -132,7 +140,11 @@ def plan(backend: Backend, task: TextTask, *, max_context: int) -> Plan:
             fill, n_canvases = (0, L), math.ceil(task.max_tokens / L)
     keep = max_context - (backend.bos_id is not None)
     truncated = len(before) > keep
-    context = backend.context(tuple(before[len(before) - keep :] if truncated else before))
+    # The oldest tokens go in whole steps, not one at a time: a prompt that grows by a keystroke keeps its start, and
+    # so the engine's cached encoding of it (`canvas.engine.prefix_cache`), until it has grown a step.
+    step = max(1, min(_CUT_STEP, keep // 8))
+    drop = -(-(len(before) - keep) // step) * step if truncated else 0
+    context = backend.context(tuple(before[drop:]))
     if not context:
         raise ValueError("the prompt is empty and the model has no BOS token to start from")
     request = GenRequest(context, tuple(slot_ids), pins, cfg, n_canvases=n_canvases)
@@ -156,12 +168,38 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
+def _word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def word_end(atoms: Sequence[Atom], length: int) -> int:
+    """Where text made of `atoms` (`length` characters) may end when it goes on past its last atom in text nobody has
+    read: at its last word boundary that is also an atom (token) boundary, its start excluded. Two atoms meet at a
+    boundary when the left one ends, or the right one starts, with a character that is not a letter, a digit or an
+    underscore; the end is one only when the last atom ends so. With no boundary the text is one word begun before it
+    (a prompt that ends mid-word), and all of it is kept: `length`."""
+    end = length
+    for k in range(len(atoms) - 1, -1, -1):
+        left = atoms[k].text
+        right = atoms[k + 1].text if k + 1 < len(atoms) else ""
+        if not _word_char(left[-1]) or (right and not _word_char(right[0])):
+            return end
+        end -= len(left)
+    return length
+
+
 class TextReader:
-    """One choice's generated ids -> text, fed a canvas at a time; ends at EOS, at the budget, at a stop sequence or
-    where the task's cut rule says.
+    """One choice's generated ids -> text, fed a canvas at a time; ends at EOS, at the budget, at a stop sequence,
+    where the task's cut rule says, or early (a draft settled by a time limit).
+
+    Only what the model wrote is text: with a frame's `written` mask (AR rows), a canvas is read up to its first
+    unwritten slot (the rest still holds the canvas's initial noise) and the text ends there. A text cut where it goes
+    on (a continuation at its budget or settled early, a fill cut at an unwritten slot) is cut back further, to its
+    last word boundary (`word_end`); a whole infill, an EOS, a stop sequence and a cut rule end where they end. A
+    broken byte sequence at the end of the text is dropped.
 
     `text` is the final text so far; `safe` is how much of it can be sent now (a stop sequence may still begin in
-    the rest). `reason` is set once the text has ended (see `End`)."""
+    the rest, or a word cut still take it back). `reason` is set once the text has ended (see `End`)."""
 
     def __init__(self, backend: Backend, plan: Plan, task: TextTask) -> None:
         self._backend, self._plan, self._task = backend, plan, task
@@ -173,7 +211,6 @@ class TextReader:
         self.text = ""
         self.reason: End | None = None
         self.stop_word: str | None = None
-        self._cut_text = False
 
     @property
     def done(self) -> bool:
@@ -183,67 +220,87 @@ class TextReader:
     def safe(self) -> int:
         if self.done:
             return len(self.text)
-        return len(self.text) - held_back(self.text, self._task.stop)
+        return min(len(self.text) - held_back(self.text, self._task.stop), word_end(self._atoms, len(self.text)))
 
-    def kept_ids(self, canvas: Sequence[int], index: int) -> tuple[list[int], bool]:
-        """The ids of canvas `index` that are text, and whether the text ends in it (EOS)."""
+    def _read(self, canvas: Sequence[int], index: int,
+              written: Sequence[bool] | None) -> tuple[list[int], bool, int, bool]:
+        """Canvas `index`'s generated slots as text: (ids, ended at EOS, nulls read, stopped at an unwritten slot).
+        Nulls are dropped; reading stops at EOS or at the first slot `written` says the model has not written."""
         start, end = self._plan.fill if index == 0 else (0, self._plan.canvas_length)
         kept: list[int] = []
-        for t in canvas[start:end]:
+        nulls = 0
+        for k in range(start, min(end, len(canvas))):
+            if written is not None and not written[k]:
+                return kept, False, nulls, True
+            t = canvas[k]
             if t == self._backend.eos_id:
-                return kept, True
+                return kept, True, nulls, False
             if t == self._backend.null_id:
-                continue
-            kept.append(int(t))
-        return kept, False
+                nulls += 1
+            else:
+                kept.append(int(t))
+        return kept, False, nulls, False
 
-    def feed(self, canvas: Sequence[int], *, last: bool, settled: bool = False) -> None:
-        """A committed canvas (the next one); `last`: no canvas follows; `settled`: a draft taken as final early."""
+    def feed(self, canvas: Sequence[int], *, last: bool, settled: bool = False,
+             written: Sequence[bool] | None = None) -> None:
+        """A committed canvas (the next one); `last`: no canvas follows; `settled`: a draft taken as final early;
+        `written`: the frame's written mask (None: every slot is text). A canvas read only up to an unwritten slot
+        ends the text."""
         if self.done:
             return
         index = self.canvases
         self.canvases += 1
-        start, end = self._plan.fill if index == 0 else (0, self._plan.canvas_length)
-        self.nulls += sum(1 for t in canvas[start:end] if t == self._backend.null_id)
-        kept, eos = self.kept_ids(canvas, index)
+        kept, eos, nulls, short = self._read(canvas, index, written)
+        self.nulls += nulls
         room = self._plan.max_tokens - self.tokens
         over = len(kept) > room
         kept = kept[:room]
         self.tokens += len(kept)
-        self._add(kept, final=eos or over or last)
+        self._add(kept, final=eos or over or last or settled or short)
         if self._apply_cuts():
             return
         if eos:
             self.reason = "eos"
         elif settled:
             self.reason = "time"
-        elif over or self.tokens >= self._plan.max_tokens:
+        elif over or short or self.tokens >= self._plan.max_tokens:
             self.reason = "length"
         elif last:
             # An infill that left slots null ended on its own; a continuation ends at EOS or at its budget.
             self.reason = "eos" if (self._plan.infill and self.nulls) else "length"
+        if self.reason in ("time", "length") and (short or not self._plan.infill):
+            self._cut_back(word_end(self._atoms, len(self.text)))  # the text goes on past the cut
+        if self.reason == "eos" and self._task.join is not None:
+            at = self._task.join(self.text)
+            if at is not None and at < len(self.text):
+                self.tokens = self._tokens_before(at)
+                self.text = self.text[:at]
 
-    def preview(self, canvas: Sequence[int]) -> str:
-        """The text this choice would have if `canvas` (the draft of the next canvas) were committed now."""
+    def preview(self, canvas: Sequence[int], written: Sequence[bool] | None = None) -> str:
+        """The text this choice would end with if it were settled at `canvas` (the draft of the next canvas, with its
+        frame's `written` mask) now: what `feed(canvas, last=True, settled=True, written=written)` would leave."""
+        return self.probe(canvas, written).text
+
+    def probe(self, canvas: Sequence[int], written: Sequence[bool] | None = None, *,
+              settled: bool = True) -> TextReader:
+        """A copy of this reader fed `canvas` as its last (`settled`: a draft taken as final early); this one is left
+        as it was. Its `text` and `reason` say how the choice would end there (a done reader is its own probe)."""
         if self.done:
-            return self.text
-        kept, _ = self.kept_ids(canvas, self.canvases)
-        kept = kept[: self._plan.max_tokens - self.tokens]
-        left = (*self._atoms[-3:],) or self._plan.left
-        more = "".join(a.text for a in atoms_from_ids(self._backend.tokenizer, self._pending + kept, left))
-        text = self.text + more
-        found = stop_cut(text, self._task.stop)
-        if found is not None:
-            text = text[: found[0]]
-        if self._task.cut is not None and (at := self._task.cut(text)) is not None:
-            text = text[:at]
-        return text
+            return self
+        probe = copy.copy(self)
+        probe._atoms, probe._pending = list(self._atoms), list(self._pending)
+        probe.feed(canvas, last=True, settled=settled, written=written)
+        return probe
 
     def _add(self, ids: list[int], *, final: bool) -> None:
         atoms = atoms_from_ids(self._backend.tokenizer, self._pending + ids, (*self._atoms[-3:],) or self._plan.left)
         self._pending = []
-        if atoms and not final and atoms[-1].text.endswith(INCOMPLETE):
-            self._pending = list(atoms.pop().ids)  # its character may complete in the next canvas
+        if atoms and atoms[-1].text.endswith(INCOMPLETE):
+            broken = atoms.pop()
+            if final:  # bytes that never formed a character: no text
+                self.tokens -= len(broken.ids)
+            else:
+                self._pending = list(broken.ids)  # its character may complete in the next canvas
         self._atoms.extend(atoms)
         self.text += "".join(a.text for a in atoms)
 
@@ -260,12 +317,24 @@ class TextReader:
         self.text = self.text[:at]
         return True
 
-    def _tokens_before(self, at: int) -> int:
-        """Generated tokens that made the first `at` characters (an atom cut in the middle counts)."""
+    def _cut_back(self, at: int) -> None:
+        """End the text at `at`, an atom boundary."""
+        if at >= len(self.text):
+            return
+        self.tokens = self._tokens_before(at)
+        self._atoms = self._atoms[: self._atoms_before(at)]
+        self.text = self.text[:at]
+
+    def _atoms_before(self, at: int) -> int:
+        """How many atoms start before character `at`."""
         n = pos = 0
         for a in self._atoms:
             if pos >= at:
                 break
-            n += len(a.ids)
+            n += 1
             pos += len(a.text)
         return n
+
+    def _tokens_before(self, at: int) -> int:
+        """Generated tokens that made the first `at` characters (an atom cut in the middle counts)."""
+        return sum(len(a.ids) for a in self._atoms[: self._atoms_before(at)])

@@ -5,16 +5,20 @@ control, so HTTP requests queue and batch with the websocket sessions' generatio
 and the caller closes the run, which takes the choices already queued out of the queue). The engine's events cross
 from its thread with `call_soon_threadsafe`; `events()` drains what has arrived, feeds each committed canvas to the
 choice's `TextReader` and yields:
-- `Delta`: text that has become final (a committed canvas, less what may still start a stop sequence);
-- `Draft`: the choice's text if the current canvas were committed now, with its step (latest wins: frames that
-  arrive together give one draft), for clients that show the canvas converging;
+- `Delta`: text that has become final (a committed canvas, less what may still start a stop sequence or be a
+  word that a later cut takes back);
+- `Draft`: the choice's text if it were settled at the current canvas now (only the slots the model has written:
+  an AR frame's unwritten slots still hold noise), with its step (latest wins: frames that arrive together give one
+  draft), for clients that show the canvas converging;
 - `Finish`: the choice is over (its reason, the whole text, token counts, timings).
 
 A canvas is final when the engine commits it: a frame of a later canvas means the previous canvas is committed,
 and it is the draft of that canvas's last frame (the engine always emits the frame of the step that stops a
 canvas, and commits exactly that argmax); the last canvases come from `Done`. A choice ended early (a stop
 sequence, `settle`) has its engine generation cancelled; `close()` cancels whatever is still running, which is what
-a client that goes away triggers.
+a client that goes away triggers. However a choice ends, its text holds only what the model wrote (`TextReader`):
+a settled draft is read up to its first unwritten slot and cut back to a word, and deltas never run ahead of what
+a later cut could take back.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from canvas.engine.backend import Backend
 from canvas.engine.core import Done, Frame, GenHandle, GenRequest
+from canvas.server.http.endings import EarlyEnd, early_end, fim_end_id
 from canvas.server.http.textgen import End, Plan, TextReader, TextTask
 
 
@@ -57,6 +62,7 @@ class Draft:
     step: int
     max_steps: int
     canvas: int
+    ended: bool = False  # the text has reached where it ends (a cut rule or a stop string): settling takes it whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +73,10 @@ class Finish:
     tokens: int  # generated tokens in `text`
     stop_word: str | None
     steps: int
-    queued_s: float  # from submission to the first denoising step: the queue and the prompt's encoding
+    queued_s: float  # from submission to the first step: the wait in the engine's queue and the prompt's encoding
     wall_s: float  # from the first step to the end
+    prompt_s: float = 0.0  # the engine's encoding of the context, alone (0-ish when its cache was reused)
+    cached_tokens: int = 0  # context tokens whose encoder cache the engine reused
 
 
 Event = Delta | Draft | Finish
@@ -83,6 +91,8 @@ class _Choice:
         self.last: Frame | None = None  # the newest frame of the current canvas
         self.fresh = False  # a frame arrived since the last draft
         self.first_frame: float | None = None
+        self.prompt_s = 0.0  # from the engine's events
+        self.cached_tokens = 0
         self.sent = 0  # characters of text yielded as deltas
         self.steps = 0
         self.finished = False
@@ -95,6 +105,7 @@ class TextRun:
         self.queue: asyncio.Queue[tuple[int, Frame | Done]] = asyncio.Queue()
         self.choices: list[_Choice] = []
         self._settle: set[int] = set()
+        self._fim_end = fim_end_id(backend.tokenizer.token_id)  # what ends an AR infill's draft on its own
 
     async def _on_engine(self, request: GenRequest, deliver: Callable[[Frame | Done], None]) -> GenHandle:
         return self.backend.engine.submit(request, deliver)  # no admission control: straight into the engine
@@ -124,14 +135,15 @@ class TextRun:
                 c.handle.cancel()
 
     def settle(self, index: int) -> None:
-        """End choice `index` at its current draft (a time limit ran out): it is taken as committed."""
+        """End choice `index` at its current draft (a time limit ran out): what the model has written of it is taken
+        as committed, cut back to a word boundary where the text goes on (`TextReader.feed`)."""
         self._settle.add(index)
 
     @property
     def running(self) -> bool:
         return any(not c.finished for c in self.choices)
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         """Every choice's events until all have finished; raises GenerationFailed."""
         try:
             while self.running:
@@ -152,8 +164,14 @@ class TextRun:
                 for c in self.choices:
                     if c.fresh and not c.finished and c.last is not None:
                         c.fresh = False
-                        text = c.reader.preview(c.last.draft)
-                        yield Draft(c.index, text, c.last.step, c.last.max_steps, c.last.canvas_index)
+                        probe = c.reader.probe(c.last.draft, c.last.written)
+                        end = self._early_end(c, probe)
+                        if end is not None:  # every draft has reached its end: the rest would be cut anyway
+                            for out in self._commit(c, end[0], last=True, settled=end[2], written=end[1]):
+                                yield out
+                            continue
+                        yield Draft(c.index, probe.text, c.last.step, c.last.max_steps, c.last.canvas_index,
+                                    probe.reason in ("rule", "word"))
         finally:
             self.close()
 
@@ -166,8 +184,9 @@ class TextRun:
         if isinstance(ev, Frame):
             if c.first_frame is None:
                 c.first_frame = time.perf_counter() - ev.elapsed_s
-            if c.last is not None and ev.canvas_index > c.last.canvas_index:
-                out += self._commit(c, c.last.draft, last=False)  # the previous canvas's stopping frame
+                c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens
+            if c.last is not None and ev.canvas_index > c.last.canvas_index:  # the previous canvas's stopping frame
+                out += self._commit(c, c.last.draft, last=False, written=c.last.written)
             c.last, c.fresh = ev, True
             c.steps += 1
             return out
@@ -175,6 +194,8 @@ class TextRun:
             c.finished = True
             raise GenerationFailed(ev.error or f"the generation was {ev.status}", retryable=ev.status == "unavailable")
         c.steps = ev.steps
+        if c.first_frame is None:
+            c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens
         fed = c.reader.canvases
         for k in range(fed, len(ev.canvases)):
             out += self._commit(c, ev.canvases[k], last=k == len(ev.canvases) - 1)
@@ -183,15 +204,24 @@ class TextRun:
             out += self._emit(c)
         return out
 
+    def _early_end(self, c: _Choice, probe: TextReader) -> EarlyEnd | None:
+        """`endings.early_end` of the choice's newest frame, when it draws the canvas the reader reads next."""
+        frame = c.last
+        if frame is None or frame.written is None or frame.canvas_index != c.reader.canvases:
+            return None
+        return early_end(c.reader, self.task, frame, probe, fim_end=self._fim_end, null_id=self.backend.null_id,
+                         token_text=self.backend.token_text)
+
     def _settle_now(self, c: _Choice) -> list[Event]:
         if c.finished:
             return []
-        draft = c.last.draft if c.last is not None and c.last.canvas_index == c.reader.canvases else ()
-        return self._commit(c, draft, last=True, settled=True)
+        current = c.last is not None and c.last.canvas_index == c.reader.canvases
+        draft, written = (c.last.draft, c.last.written) if current and c.last is not None else ((), None)
+        return self._commit(c, draft, last=True, settled=True, written=written)
 
-    def _commit(self, c: _Choice, canvas: tuple[int, ...] | list[int], *, last: bool,
-                settled: bool = False) -> list[Event]:
-        c.reader.feed(canvas, last=last, settled=settled)
+    def _commit(self, c: _Choice, canvas: tuple[int, ...] | list[int], *, last: bool, settled: bool = False,
+                written: tuple[bool, ...] | None = None) -> list[Event]:
+        c.reader.feed(canvas, last=last, settled=settled, written=written)
         return self._emit(c)
 
     def _emit(self, c: _Choice) -> list[Event]:
@@ -209,5 +239,5 @@ class TextRun:
             first = c.first_frame if c.first_frame is not None else now
             assert r.reason is not None
             out.append(Finish(c.index, r.reason, r.text, r.tokens, r.stop_word, c.steps,
-                              max(0.0, first - c.submitted), max(0.0, now - first)))
+                              max(0.0, first - c.submitted), max(0.0, now - first), c.prompt_s, c.cached_tokens))
         return out

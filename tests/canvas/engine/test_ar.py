@@ -4,6 +4,7 @@ several gaps, cancellation and frames (the tiny random model; a scripted scorer 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 import canvas.engine.ar as engine_ar
 from canvas.engine.core import Done, Engine, Frame, GenRequest
 from canvas.model import DiffusionModel, KVCache, ModelConfig
-from canvas.sampling.sampler import SamplerConfig, extra_settings, load_sampler_defaults
+from canvas.sampling.sampler import GumbelNoise, SamplerConfig, extra_settings, load_sampler_defaults
 
 NULL = 4
 PLAIN = {"ar_drafts": 1, "ar_seam_tokens": 0}  # today's left-to-right fill
@@ -337,3 +338,57 @@ def test_a_long_gap_drafts_at_its_own_temperature(model: DiffusionModel) -> None
             SamplerConfig(**bad)  # type: ignore[arg-type]
     cfg = SamplerConfig(ar_long_gap=48, ar_temperature_long=0.6)
     assert extra_settings(cfg)["ar_long_gap"] == 48 and extra_settings(cfg)["ar_temperature_long"] == 0.6
+
+
+
+SENTINEL = 7  # the marked noise: every slot of a fresh canvas that is not pinned
+
+
+class _MarkedNoise(GumbelNoise):
+    """The engine's noise, recognisable: a fresh canvas's free slots all hold SENTINEL (samples still use the seeded
+    generator, so the model's tokens are what they would be)."""
+
+    def uniform_tokens(self, shape: tuple[int, int], vocab_size: int, device: torch.device) -> torch.Tensor:
+        return torch.full(shape, SENTINEL, dtype=torch.long, device=device)
+
+
+def test_ar_frames_say_which_slots_the_model_has_written(model: DiffusionModel) -> None:
+    """An AR frame's `written` covers the pins, the filled gaps and the leading draft's tokens so far, and nothing
+    else: every other free slot still holds the canvas's noise. Diffusion frames carry None. Frames pickle."""
+    engine = Engine(model, noise_factory=lambda cfg: _MarkedNoise(cfg.seed))
+    left, gap, right = 2, 6, 3
+    scored = infill((5, 9), left, gap, right, ar_drafts=3, ar_seam_tokens=2, ar_temperature=0.8, seed=2)
+    plain = GenRequest((5, 9), (), (), SamplerConfig(mode="ar", ar_temperature=0.8, seed=3), n_canvases=2)
+    (d1, d2), (f1, f2) = run(engine, [scored, plain])
+    for req, frames, done in ((scored, f1, d1), (plain, f2, d2)):
+        assert frames and done.status == "completed"
+        for f in frames:
+            assert f.written is not None and len(f.written) == model.config.canvas_length
+            used = len(req.slot_ids) or model.config.canvas_length
+            free = [k for k in range(used) if not (req.pinned and req.pinned[k])]
+            assert all(f.written[k] for k in range(used) if req.pinned and req.pinned[k])
+            shown = [f.written[k] for k in free]
+            n = shown.count(True)
+            assert shown == [True] * n + [False] * (len(free) - n)  # written left to right
+            assert all(f.draft[k] == SENTINEL for k in free[n:])  # the rest is still the noise
+            if f.drafts is not None and f.drafts.chosen is None:  # the lead's tokens so far are what is written
+                assert [f.draft[k] for k in free[:n]] == list(f.drafts.tokens[f.drafts.lead][:n])
+        last = {f.canvas_index: f for f in frames}
+        for c, f in last.items():  # each canvas ends fully written, and that is what was committed
+            assert f.written is not None and all(f.written[:used])
+            assert f.draft[:used] == done.canvases[c][:used]
+        assert pickle.loads(pickle.dumps(frames[0])) == frames[0]
+    assert any(f.written is not None and not all(f.written[left : left + gap]) for f in f1)
+    diffusion = SamplerConfig(max_steps=2, seed=1)
+    (_,), (frames,) = run(engine, [GenRequest((5, 9), (0,) * 4, (False,) * 4, diffusion)])
+    assert frames and all(f.written is None for f in frames)
+
+
+def test_done_and_frames_report_the_context_cache_and_encoding(model: DiffusionModel) -> None:
+    engine = Engine(model)
+    req = infill((5, 9, 11), 1, 3, 2, **PLAIN)
+    (first,), (frames,) = run(engine, [req])
+    (again,), (frames2,) = run(engine, [req])
+    assert (first.cached_tokens, again.cached_tokens) == (0, 3)  # the same context: its kept encoder cache
+    assert frames[0].cached_tokens == 0 and frames2[0].cached_tokens == 3
+    assert first.prompt_s > 0 and frames[0].prompt_s == first.prompt_s

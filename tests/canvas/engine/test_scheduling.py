@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from canvas.engine.core import Done, Engine, Event, GenRequest
-from canvas.engine.scheduling import EngineLoad, FairQueue, Placement, RowCap
+from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement, RowCap, alone_estimate
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.sampling.sampler import SamplerConfig
 from canvas.server.admission import Admission, AdmissionConfig, Busy
@@ -149,17 +149,36 @@ def test_releases_come_in_bursts_when_rows_started_together() -> None:
 
 
 def test_the_bound_is_configured_or_sized_from_the_measured_load(model: DiffusionModel) -> None:
-    sized = Admission(Engine(model), AdmissionConfig(wait_factor=0.5))
+    sized = Admission(Engine(model), AdmissionConfig(max_wait_s=0.02))
     assert sized.bound(_load(None, None)) == AdmissionConfig().cold_queue  # nothing measured yet
     rows = ((9, 7), (8, 8), (2, 14)) + ((0, 16),) * 5  # rows due to stop in 1, 2, 8 and 10 steps of 10 ms
-    # Half of a 40 ms first frame: the rows due within 20 ms, 2 of them.
-    assert sized.bound(_load(0.01, 0.04, recent=(10,), rows=rows)) == 2
-    assert sized.bound(_load(0.01, 0.2, recent=(10,), rows=rows)) == 8  # 100 ms: all but the next round
+    assert sized.bound(_load(0.01, 0.04, recent=(10,), rows=rows)) == 2  # a 20 ms wait: the rows due by then
     assert sized.bound(_load(0.05, 0.04, recent=(10,), rows=rows)) == 0  # slower steps: nothing frees in time
+    tenth = Admission(Engine(model), AdmissionConfig(max_wait_s=0.1))
+    assert tenth.bound(_load(0.01, 0.04, recent=(10,), rows=rows)) == 8  # 100 ms: all but the next round
+    # The default waits up to a second: each of the 8 rows frees up 10 times (every 100 ms) in it.
+    assert Admission(Engine(model)).bound(_load(0.01, 0.04, recent=(10,), rows=rows)) == 80
     fixed = Admission(Engine(model), AdmissionConfig(max_queue=3))
     assert fixed.bound(_load(0.01, 0.04, recent=(10,), rows=rows)) == 3
     with pytest.raises(ValueError):
         AdmissionConfig(max_queue=-1)
+    with pytest.raises(ValueError):
+        AdmissionConfig(max_wait_s=0)
+
+
+def test_a_burst_on_a_busy_server_queues_for_its_second(model: DiffusionModel) -> None:
+    """Eight rows busy, generations of 10 steps of 30 ms: a burst of nine more writers waits (the last for about
+    0.6 s) instead of being refused; the default bound, not a fraction of a first frame, decides."""
+    engine = Engine(model, max_batch=8)
+    with engine._lock:  # as if measured
+        engine.stats.step_s.add(0.03)
+        engine.stats.gen_steps.append(10)
+        engine._active = 8
+        engine._progress = ((2, 14),) * 8
+    admission = Admission(engine)
+    admitted = [admission.submit(request(i), None, owner=f"writer-{i}") for i in range(9)]
+    assert [a.placement.releases for a in admitted] == list(range(1, 10))
+    assert admission.counts == {"admitted": 9} and max(a.est_wait_s or 0 for a in admitted) <= 1.0
 
 
 def test_refusal_past_the_bound_says_how_long_and_when_to_retry(model: DiffusionModel) -> None:
@@ -204,27 +223,81 @@ def test_the_refused_are_told_to_come_back_in_the_order_they_came(model: Diffusi
 # -- the row cap ------------------------------------------------------------------------------------------------
 
 
-def _ff_load(first_frame_s: float | None, alone: float | None, first_frames: int) -> EngineLoad:
-    return EngineLoad(max_batch=8, active=0, queued=0, step_s=0.01, first_frame_s=first_frame_s,
-                      alone_first_frame_s=alone, first_frames=first_frames)
+def _ff_load(slowdown: float | None, first_frames: int) -> EngineLoad:
+    return EngineLoad(max_batch=8, active=0, queued=0, step_s=0.01, first_frame_s=0.05, first_frames=first_frames,
+                      slowdown=slowdown)
 
 
-def test_the_row_cap_follows_the_measured_first_frame_one_row_at_a_time() -> None:
+def _stats_load(stats: LoadStats) -> EngineLoad:
+    return EngineLoad(max_batch=8, active=0, queued=0, step_s=stats.step_s.value,
+                      first_frame_s=stats.first_frame_s.value, alone_first_frame_s=stats.alone_first_frame_s(),
+                      first_frames=stats.first_frames, slowdown=stats.slowdown.value)
+
+
+def test_the_row_cap_follows_the_measured_slowdown_one_row_at_a_time() -> None:
     cap = RowCap(8, slo=2.0, relax=0.7, settle=5)
-    assert cap.update(_ff_load(0.5, None, 100)) == 8  # nothing measured alone yet: no cap
-    assert cap.update(_ff_load(0.030, 0.010, 10)) == 7  # 30 ms against a 20 ms target: one row less
-    assert cap.update(_ff_load(0.030, 0.010, 14)) == 7  # not settled: 4 first frames since the change
-    assert cap.update(_ff_load(0.030, 0.010, 15)) == 6
-    assert cap.update(_ff_load(0.018, 0.010, 30)) == 6  # between 0.7 x and 1 x the target: hold
-    assert cap.update(_ff_load(0.012, 0.010, 30)) == 7  # below 0.7 x the target: one row more
+    assert cap.update(_ff_load(None, 100)) == 8  # nothing measured alone yet: no cap
+    assert cap.update(_ff_load(3.0, 10)) == 7  # 3x what it takes alone against 2x: one row less
+    assert cap.update(_ff_load(3.0, 14)) == 7  # not settled: 4 first frames since the change
+    assert cap.update(_ff_load(3.0, 15)) == 6
+    assert cap.update(_ff_load(1.8, 30)) == 6  # between 0.7 x and 1 x the target: hold
+    assert cap.update(_ff_load(1.2, 30)) == 7  # below 0.7 x the target: one row more
     for n in range(40, 200, 10):
-        cap.update(_ff_load(0.012, 0.010, n))
+        cap.update(_ff_load(1.2, n))
     assert cap.cap == 8  # never above max_batch
     for n in range(200, 400, 10):
-        cap.update(_ff_load(1.0, 0.010, n))
+        cap.update(_ff_load(100.0, n))
     assert cap.cap == 1  # never below one row
     with pytest.raises(ValueError):
         RowCap(8, slo=1.0)
+
+
+def test_the_alone_baseline_is_per_token_from_comparable_requests() -> None:
+    fills = [(200.0, 0.100 + 0.002 * i) for i in range(20)]  # 200-token fills alone: 0.5-0.69 ms a token
+    base = alone_estimate(fills, 200)
+    assert base is not None and base == pytest.approx(0.108)  # the 25th percentile of 20 (the 5th), not the fastest
+    assert alone_estimate(fills, 400) == pytest.approx(2 * base)  # a request twice the size: twice the time
+    # A request with an empty prefix and suffix: 2 tokens in 21 ms (slow per token: a step costs something), or one
+    # fast even per token. Among a few fills it moves the quantile by one rank at most, never to its own value...
+    for tiny in [(2.0, 0.021), (2.0, 0.0002)]:
+        moved = alone_estimate([tiny, *fills], 200)
+        assert moved is not None and 0.106 <= moved <= 0.110
+    # ...and once there are enough comparable ones (ALONE_NEAREST) it is not read at all.
+    many = [(200.0, 0.100 + 0.001 * i) for i in range(40)]
+    assert alone_estimate([(2.0, 0.0002), *many], 200) == alone_estimate(many, 200)
+    # Faster comparable fills do move it.
+    assert alone_estimate(fills + [(180.0, 0.060)] * 8, 200) == pytest.approx(200 * 0.060 / 180)
+    # The newest of equally comparable samples count: a baseline follows the machine as it changes.
+    newer = [(200.0, 0.100 + 0.002 * i) for i in range(32)]
+    assert alone_estimate([(200.0, 0.050)] * 30 + newer, 200) == pytest.approx(0.100 + 0.002 * 7)  # p25 of the 32
+    assert alone_estimate([], 200) is None
+
+
+def test_one_tiny_first_frame_does_not_hold_the_row_cap_down() -> None:
+    """Issue 47: a 21 ms first frame of an empty request became the baseline, every later fill read as over the
+    SLO and the cap fell to 1 for good. Now fills alone measure a slowdown near 1 and the cap stays."""
+    stats, cap = LoadStats(), RowCap(8, slo=2.5)
+    stats.add_first_frame(0.021, 2, alone=True)
+    for i in range(30):
+        stats.add_first_frame(0.110 + 0.01 * (i % 3), 200, alone=True)
+        cap.update(_stats_load(stats))
+    assert cap.cap == 8 and stats.slowdown.value is not None and stats.slowdown.value < 1.5
+    assert stats.alone_first_frame_s() == pytest.approx(0.110, rel=0.1)
+
+
+def test_a_cut_row_cap_recovers_once_first_frames_allow() -> None:
+    stats, cap = LoadStats(), RowCap(8, slo=2.5)
+    for _ in range(8):
+        stats.add_first_frame(0.1, 200, alone=True)
+    for _ in range(60):  # a burst: every first frame 4x what it takes alone
+        stats.add_first_frame(0.4, 200, alone=False)
+        cap.update(_stats_load(stats))
+    assert cap.cap < 8
+    low = cap.cap
+    for _ in range(60):  # the rows cut, first frames come back to what they take alone
+        stats.add_first_frame(0.1, 200, alone=cap.cap == 1)
+        cap.update(_stats_load(stats))
+    assert cap.cap == 8 > low
 
 
 def test_the_engine_runs_no_more_rows_than_its_cap(model: DiffusionModel) -> None:
@@ -248,22 +321,25 @@ def test_first_frames_alone_are_the_baseline(model: DiffusionModel) -> None:
     engine.run_until_idle()
     load = engine.load()
     assert h.wait(0).status == "completed" and load.first_frames == 1
-    assert load.alone_first_frame_s is not None and load.alone_first_frame_s == load.first_frame_s
+    assert load.alone_first_frame_s is not None and load.alone_first_frame_s == pytest.approx(load.first_frame_s)
+    assert load.slowdown == pytest.approx(1.0)  # against itself
+    ((size, _),) = engine.stats.alone
+    assert size == 3 + model.config.canvas_length  # its context encoded, then one step over every slot
     for i in range(3):
         engine.submit(request(10 + i), owner=i)
     engine.run_until_idle()  # three rows side by side: none of them alone
     after = engine.load()
-    assert after.first_frames == 4 and after.alone_first_frame_s == load.alone_first_frame_s
+    assert after.first_frames == 4 and len(engine.stats.alone) == 1
+    assert list(engine.stats.sizes)[1:] == [model.config.canvas_length] * 3  # the context came from the cache
 
 
 def test_admission_lowers_the_cap_when_first_frames_slow_down(model: DiffusionModel) -> None:
     engine = Engine(model, max_batch=8)
     admission = Admission(engine, AdmissionConfig(max_queue=100, first_frame_slo=2.0))
     with engine._lock:  # as if measured: 10 ms alone, 50 ms under load, over enough first frames
-        engine.stats.alone_first_frames.append(0.010)
+        engine.stats.add_first_frame(0.010, 100, alone=True)
         for _ in range(10):
-            engine.stats.first_frame_s.add(0.050)
-        engine.stats.first_frames = 10
+            engine.stats.add_first_frame(0.050, 100, alone=False)
     admission.submit(request(1), None, owner="a")
     assert engine.load().cap == 7 and admission.stats()["row_cap"] == 7
     off = Admission(Engine(model, max_batch=8), AdmissionConfig(first_frame_slo=None))

@@ -107,6 +107,19 @@ def test_truncate_logits_keeps_what_each_cut_allows() -> None:
     assert (both > -torch.inf).tolist() == [[True, True, False, False, False]] * 2
 
 
+def test_top_p_within_top_k_equals_the_cut_over_the_whole_vocabulary() -> None:
+    """With top-k on, top-p is cut among the k survivors (no sort of the vocabulary): the same tokens as cutting
+    the top-k result over the vocabulary; tied logits take the general path and keep its result too."""
+    from canvas.sampling.sampler import truncate_logits
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 5000, generator=g) * 3
+    logits[5, :50] = 7.0  # ties across the k-th value
+    for k, p in ((40, 0.9), (40, 0.5), (1, 0.9), (300, 0.99), (40, 0.0001)):
+        whole = truncate_logits(truncate_logits(logits, top_k=k), top_p=p)
+        assert torch.equal(truncate_logits(logits, top_k=k, top_p=p), whole), (k, p)
+
+
 def test_sample_categorical_draws_by_probability_and_never_a_zero() -> None:
     from canvas.sampling.sampler import sample_categorical
 

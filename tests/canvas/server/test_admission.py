@@ -1,6 +1,7 @@
 """Admission control through the server: `busy` past the queue's bound (typed, retryable, with the queue's length
 and the wait), the queue position in `gen.accepted`, fairness between sessions, cancelled, superseded and
-disconnected requests leaving the queue at once, and HTTP 429 with Retry-After from the same queue.
+disconnected requests leaving the queue at once, HTTP 429 with Retry-After from the same queue, and a burst of
+writers waiting its turn (issue 47: after a tiny request, and on a fresh server) instead of being refused.
 
 The engine has one row, and its denoising step is held on a gate: the first generation takes the row and stays
 there, so everything after it waits in the queue for as long as the test wants. A `gen.done` that arrives while the
@@ -9,9 +10,11 @@ gate is shut can only come from the queue itself.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from starlette.testclient import TestClient
 
 from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.engine.core import Engine, GenHandle
+from canvas.engine.scheduling import LoadStats
 from canvas.server.admission import AdmissionConfig
 from canvas.server.gens import Generations
 from tests.canvas.wsconn import Conn, Factory, served
@@ -245,3 +249,51 @@ def test_a_request_right_after_one_cut_early_is_not_refused(serve: Factory, gate
     finally:
         answered.set()
     assert again.status_code == 200, again.text
+
+
+def test_a_burst_of_writers_on_a_fresh_server_queues_rather_than_is_refused(serve: Factory) -> None:
+    """A fresh server (its engine has measured one generation) whose one row is taken: nine writers asking at once
+    all wait their turn under the sized bound (`max_queue` auto). Before issue 47 the bound was the rows freeing up
+    within half a first frame, 0 here, and every one of them was refused."""
+    client = serve()
+    engine = engine_of(client)
+    # What a fresh server has measured after one generation: 2 steps of 10 ms, its first frame after one. Set, not
+    # measured here: on a test machine shared with other work a step can take seconds, and the bound would say so.
+    engine.stats = LoadStats()
+    engine.stats.step_s.add(0.01)
+    engine.stats.gen_steps.append(2)
+    engine.stats.add_first_frame(0.01, 100, alone=True)
+    hold_the_row(client)
+    writers = [session(client) for _ in range(9)]
+    replies = [start(w, masked(w)) for w in writers]
+    assert [r["type"] for r in replies] == ["gen.accepted"] * 9, replies
+    assert [r["queue_position"] for r in replies] == list(range(9))
+    assert all(0 < r["est_wait_s"] <= AdmissionConfig().max_wait_s for r in replies)
+    queue = client.get("/health").json()["queue"]
+    assert queue["refused"] == 0 and queue["queued"] == 9 and queue["max_queue"] >= 9
+
+
+@pytest.fixture(scope="module")
+def four_rows(tmp_path_factory: pytest.TempPathFactory) -> Backend:
+    """Four rows, and three steps a canvas (a random model never settles): fills that end soon."""
+    b = load_backend(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model-4")), max_batch=4)
+    return dataclasses.replace(b, sampler_defaults=dataclasses.replace(b.sampler_defaults, max_steps=3))
+
+
+def test_after_a_tiny_request_eight_concurrent_fills_all_succeed(four_rows: Backend, tmp_path: Path) -> None:
+    """Issue 47: a request with an empty prefix and suffix had the fastest first frame ever seen; as the baseline it
+    made every later fill read as over the SLO, the row cap fell to 1 and the bound to 0, and of 8 concurrent fills
+    most got 429. Now the baseline is per token among requests of comparable size and the queue holds a burst.
+    The wait allowed is long here: on a test machine shared with other work a step of even this model can take a
+    second, and a second's wait (the default, checked with set measurements above) would rightly refuse then."""
+    with served(four_rows, tmp_path) as make:
+        client = make(admission=AdmissionConfig(max_wait_s=120))
+        tiny = client.post("/infill", json={"input_prefix": "", "input_suffix": "", "n_predict": 4})
+        assert tiny.status_code == 200, tiny.text
+        bodies = [{"input_prefix": f"Note {i}: the cat", "input_suffix": " on the mat.", "n_predict": 8, "seed": i}
+                  for i in range(8)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(lambda body: client.post("/infill", json=body), bodies))
+        assert [r.status_code for r in answers] == [200] * 8, [r.text for r in answers if r.status_code != 200]
+        queue = client.get("/health").json()["queue"]
+        assert (queue["admitted"], queue["refused"]) == (9, 0)

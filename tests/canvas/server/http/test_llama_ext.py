@@ -65,17 +65,18 @@ def test_an_instruction_request_is_read_as_an_edit_of_its_selection() -> None:
                         selection="    y = math.pi * r * r", after="\n    return y\n\n\nprint(area(2.0))")
     # The document is the text around the gap, as it was in the buffer.
     assert edit.before + edit.selection + edit.after + "\n" == "\n".join(PREFIX + SELECTION + SUFFIX) + "\n"
-    assert edit_prompt(edit) == "INSTRUCTION: use r ** 2\n\n" + edit.before
+    assert edit_prompt(edit) == edit.before + "Instruction: use r ** 2\nOriginal:\n" + edit.selection + "\nRewritten:\n"
 
 
 def test_the_warm_up_and_a_continued_instruction() -> None:
     warm = find_edit([("system", SYSTEM), ("user", "")])
-    assert warm is not None and warm.instruction == "" and edit_prompt(warm) == warm.before
+    assert warm is not None and warm.instruction == "" and edit_prompt(warm).startswith(warm.before + "Original:\n")
     # inst_continue: the earlier answer is what the next instruction edits; both instructions stay in the prompt.
     more = find_edit([("system", vim_system(PREFIX, SELECTION, SUFFIX, extra="x = 1")), ("user", "INSTRUCTION: a"),
                       ("assistant", "    y = r ** 2\n"), ("user", "INSTRUCTION: b")])  # fmt: skip
     assert more is not None and more.selection == "    y = r ** 2" and more.context == "x = 1"
-    assert edit_prompt(more) == "INSTRUCTION: a\nINSTRUCTION: b\n\nx = 1\n\n" + more.before
+    assert edit_prompt(more) == ("x = 1\n\n" + more.before + "Instruction: a\nInstruction: b\nOriginal:\n"
+                                 "    y = r ** 2\nRewritten:\n")
 
 
 def test_other_chats_are_not_edits() -> None:

@@ -83,6 +83,20 @@ def test_a_long_context_keeps_its_newest_tokens_after_bos(backend: Backend) -> N
     assert p.request.context_ids == (backend.bos_id, *ids(backend, PROMPT)[-4:]) and p.truncated
 
 
+def test_a_growing_prompt_keeps_the_start_of_its_cut_context(backend: Backend) -> None:
+    """The cut moves in steps (an eighth of the context here), so typing at the end leaves the context's start as
+    it was (its cached encoding stays usable) until the prompt has grown a step; the newest tokens always stay."""
+    text = " ".join(f"word{i}" for i in range(200))
+    starts = []
+    for extra in ("", " a", " a b", " a b c"):
+        p = plan(backend, TextTask(text + extra, max_tokens=4), max_context=65)
+        ctx = p.request.context_ids
+        assert p.truncated and ctx[0] == backend.bos_id and 57 <= len(ctx) <= 65
+        assert ctx[1:] == tuple(ids(backend, text + extra)[-(len(ctx) - 1) :])
+        starts.append(ctx[1:4])
+    assert len(set(starts)) < len(starts)
+
+
 def test_an_empty_prompt_needs_a_bos(backend: Backend) -> None:
     assert plan(backend, TextTask("", max_tokens=4), max_context=8).request.context_ids == (backend.bos_id,)
     with pytest.raises(ValueError, match="BOS"):
@@ -126,7 +140,12 @@ def test_the_budget_ends_a_continuation(backend: Backend) -> None:
     r.feed(word * 32, last=False)
     assert r.reason is None and r.tokens == 32
     r.feed(word * 32, last=True)
-    assert (r.reason, r.tokens, r.text) == ("length", 40, " sat" * 40)
+    # The text goes on past the budget: its last word may be cut, so it ends at the word boundary before it.
+    assert (r.reason, r.tokens, r.text) == ("length", 39, " sat" * 39)
+    r = TextReader(backend, plan(backend, task, max_context=99), task)
+    r.feed((word + ids(backend, ".")) * 16, last=False)
+    r.feed((word + ids(backend, ".")) * 16, last=True)  # the budget ends after a full stop: a boundary
+    assert (r.reason, r.tokens, r.text) == ("length", 40, " sat." * 20)
 
 
 def test_an_infill_that_left_slots_null_ended_on_its_own(backend: Backend) -> None:
@@ -173,8 +192,8 @@ def test_a_character_split_over_two_canvases_waits_for_its_last_byte(backend: Ba
     assert len(han) == 3  # byte-level: three tokens, one character
     r.feed(canvas(backend, ids(backend, "The ") + han[:2]), last=False)
     assert r.text == "The " and "\ufffd" not in r.text
-    r.feed(canvas(backend, han[2:] + ids(backend, " cat")), last=True)
-    assert r.text == "The 日 cat"
+    r.feed(canvas(backend, han[2:] + ids(backend, " cat.")), last=True)  # "." ends a word: no word cut
+    assert r.text == "The 日 cat."
 
 
 def test_stop_helpers() -> None:

@@ -1,0 +1,309 @@
+"""Encoder caches reused by the longest common prefix of token ids (llama.cpp's `cache_prompt` idea).
+
+Owns `PrefixCache`: every context the engine encodes (a request's context, an AR walk's fed pinned runs, a FIM
+prompt) is looked up by its token ids; the longest prefix some earlier prefill shares with it is restored from the
+cache (its keys and values copied into a new, private `KVCache`) and only the rest is encoded. An editor that sends
+its whole context on every keystroke then pays for the few tokens the keystroke changed.
+
+Storage: a trie of blocks. A block holds the keys and values of `block` consecutive positions [i*block, (i+1)*block)
+of every layer, keyed by (its parent block, its token ids), so a block stands for one whole prefix and is stored
+once however many contexts share it. A prefill that ends inside a block leaves a shorter leaf block; the block a
+prefill ends in keeps the next-token logits after its last token (`last`), so an exact repeat encodes nothing. A
+lookup follows whole blocks while they match, then takes the longest common prefix with any child of the last one
+(token-level, not block-level, reuse).
+
+Why blocks hold every position of every layer: `KVCache`'s sliding layers keep only the last `sliding_window - 1`
+positions, so a cache cannot be rolled back to an earlier length once the window has moved past it. Restoring a
+prefix of length p needs the sliding layers' positions [p - window + 1, p) and the full layers' [0, p), which the
+blocks hold for any p. New positions are captured while they are still in the window: the rest of a context is
+encoded in pieces that end on block boundaries, each small enough that the block it starts in and the piece both fit
+in the sliding buffers; after each piece its whole blocks are inserted.
+
+Invariants: a block's tensors never change once inserted (a restored cache is a copy, private to its caller, which
+may grow it); a block is inserted only under a live parent, so every stored block is reachable; the stored bytes
+(keys, values and logits) stay within `budget_bytes` after every insertion (least recently used childless blocks go
+first); a prefill stopped between pieces (`stop`, a cancelled request) leaves every block it inserted whole and
+valid. Lookups and insertions hold a lock; encodes and copies run outside it, so engines on several threads may
+share one cache. A piece's size changes which GEMM shapes run, not what is computed: a restored prefix and its
+continuation equal a fresh encode of the same tokens within float tolerance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from canvas.model import DiffusionModel, KVCache
+
+DEFAULT_BLOCK = 64  # positions a block holds (smaller where the sliding window is too short for it)
+MB = 1 << 20
+# The default budget (`dcanvas serve --context-cache-mb`): the converted Gemma-3-270M holds ~39 KB a position in
+# fp32, so 512 MiB keep ~13k positions: a few long documents and the FIM prompts of their recent keystrokes.
+DEFAULT_CONTEXT_CACHE_MB = 512
+
+
+class PrefillCancelled(Exception):
+    """`PrefixCache.prefill`'s `stop` said to stop between two pieces; the blocks inserted so far stay."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """A prefilled context: `cache` (private, single-row, holding the tokens with the room asked for), the
+    next-token logits after its last token `last` (V,), and how many leading tokens came from the cache (`cached`;
+    the rest were encoded now)."""
+
+    cache: KVCache
+    last: Tensor
+    cached: int
+
+
+@dataclass(eq=False, slots=True)
+class _Block:
+    id: int
+    parent: int  # 0: the root (the block starts at position 0)
+    start: int  # position of its first token
+    tokens: tuple[int, ...]
+    k: list[Tensor]  # per layer (H, n, D)
+    v: list[Tensor]
+    nbytes: int
+    last: Tensor | None = None  # (V,) logits after its last token, when a prefill ended there
+    children: set[int] = field(default_factory=set)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    bytes: int
+    budget_bytes: int
+    blocks: int
+    lookups: int
+    tokens_reused: int  # tokens restored instead of encoded, over all prefills
+    tokens_encoded: int
+
+
+class PrefixCache:
+    """The encoder caches of one model, reused by longest common prefix, within `budget_bytes` (0: keep nothing;
+    every prefill encodes all its tokens)."""
+
+    def __init__(self, model: DiffusionModel, budget_bytes: int, *, block: int = DEFAULT_BLOCK) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"the context cache budget must be >= 0 bytes, got {budget_bytes}")
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.model = model
+        self.budget_bytes = budget_bytes
+        keep = model.config.sliding_window - 1 if any(model.config.is_sliding(i) for i in
+                                                      range(model.config.num_hidden_layers)) else 1 << 30
+        # A piece and the unfinished block before it must fit the sliding buffers (`keep` positions) together: a
+        # piece ends at most `_piece` positions after the block boundary it starts from.
+        self.block = max(1, min(block, keep))
+        self._piece = (keep // self.block) * self.block
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._index: dict[tuple[int, tuple[int, ...]], _Block] = {}
+        self._blocks: OrderedDict[int, _Block] = OrderedDict()  # least recently used first
+        self._root_children: set[int] = set()
+        self._bytes = 0
+        self._lookups = self._reused = self._encoded = 0
+
+    # ---- public API ------------------------------------------------------------------------------------------
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(self._bytes, self.budget_bytes, len(self._blocks), self._lookups, self._reused,
+                              self._encoded)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._index.clear()
+            self._blocks.clear()
+            self._root_children.clear()
+            self._bytes = 0
+
+    @torch.no_grad()
+    def prefill(self, tokens: Sequence[int], room: int = 0, *, base: tuple[KVCache, Tensor] | None = None,
+                stop: Callable[[], bool] | None = None) -> Prefill:
+        """A private cache holding `tokens` with `room` free positions after them, and the logits after the last.
+
+        `base`: a private single-row cache (and its logits) that already holds `tokens[:base.length]` (an AR walk's
+        context before a fed run): when the cache shares no longer prefix, the rest is encoded into it in place
+        instead of restoring a copy. `stop` is asked before each piece encoded; when it says so, `PrefillCancelled`
+        is raised (what was inserted stays valid)."""
+        toks = tuple(int(t) for t in tokens)
+        n = len(toks)
+        if n == 0:
+            raise ValueError("prefill needs at least one token")
+        if room < 0:
+            raise ValueError(f"room must be >= 0, got {room}")
+        with self._lock:
+            self._lookups += 1
+            path, m = self._match(toks)
+        last_block = path[-1][0] if path else None
+        if m == n and last_block is not None and path[-1][1] == len(last_block.tokens) and last_block.last is not None:
+            cache = self._restore(path, n, n + room)
+            with self._lock:
+                self._reused += n
+            return Prefill(cache, last_block.last.clone(), n)
+        p = min(m, n - 1)
+        if base is not None and base[0].length >= p:
+            cache = base[0]
+            p = cache.length
+            if cache.capacity < n + room:
+                cache = cache.grown(n + room)
+            cached = 0
+        else:
+            cache = self._restore(path, p, n + room)
+            cached = p
+        # Blocks are recorded from the block boundary at or before p, under the block that ends there.
+        g = p - p % self.block
+        parent: int | None = 0 if g == 0 else None
+        for b, used in path:
+            if b.end == g and used == len(b.tokens):
+                parent = b.id
+        if self.budget_bytes == 0:
+            parent = None
+        last = self._encode_rest(cache, toks, p, g, parent, stop)
+        with self._lock:
+            self._reused += cached
+            self._encoded += n - p
+        return Prefill(cache, last, cached)
+
+    # ---- lookup ----------------------------------------------------------------------------------------------
+    def _match(self, toks: tuple[int, ...]) -> tuple[list[tuple[_Block, int]], int]:
+        """(blocks and how many of each one's positions match, matched length); touches the path. Under the lock."""
+        path: list[tuple[_Block, int]] = []
+        parent, i, n, B = 0, 0, len(toks), self.block
+        while i < n:
+            chunk = toks[i : i + B]
+            b = self._index.get((parent, chunk))
+            if b is not None:
+                path.append((b, len(chunk)))
+                i += len(chunk)
+                if len(chunk) < B:
+                    break
+                parent = b.id
+                continue
+            best, best_n = None, 0  # no whole match: the child sharing the longest prefix with the rest
+            for cid in self._root_children if parent == 0 else self._blocks[parent].children:
+                c = self._blocks[cid]
+                k = 0
+                for a, t in zip(c.tokens, chunk, strict=False):
+                    if a != t:
+                        break
+                    k += 1
+                if k > best_n:
+                    best, best_n = c, k
+            if best is not None:
+                path.append((best, best_n))
+                i += best_n
+            break
+        for b, _ in reversed(path):  # deepest first: an ancestor stays more recent than its descendants
+            self._blocks.move_to_end(b.id)
+        return path, i
+
+    def _restore(self, path: list[tuple[_Block, int]], p: int, capacity: int) -> KVCache:
+        """A new single-row cache of `capacity` holding the first `p` positions of `path`."""
+        model = self.model
+        cache = model.new_cache(1, max(capacity, 1))
+        if p == 0:
+            return cache
+        window = model.config.sliding_window - 1
+        lo_sliding = max(0, p - window)
+        for b, _ in path:
+            if b.start >= p:
+                break
+            hi = min(b.end, p)
+            for lkv, bk, bv in zip(cache.layers, b.k, b.v, strict=True):
+                lo = max(b.start, lo_sliding) if lkv.sliding else b.start
+                if lo >= hi:
+                    continue
+                dst = lo - lo_sliding if lkv.sliding else lo  # sliding slots hold [p - n, p) in order
+                lkv.k[0, :, dst : dst + hi - lo] = bk[:, lo - b.start : hi - b.start]
+                lkv.v[0, :, dst : dst + hi - lo] = bv[:, lo - b.start : hi - b.start]
+        cache.key_valid[:, :p] = True
+        cache.length = p
+        cache.row_length.fill_(p)
+        cache.next_pos = cache.length - cache.pos_offset
+        return cache
+
+    # ---- encoding and recording ------------------------------------------------------------------------------
+    def _encode_rest(self, cache: KVCache, toks: tuple[int, ...], p: int, g: int, parent: int | None,
+                     stop: Callable[[], bool] | None) -> Tensor:
+        """Encode toks[p:] into `cache` piece by piece; record blocks from `g` under `parent` (None: record
+        nothing). Returns the logits after the last token."""
+        n, dev = len(toks), cache.key_valid.device
+        pos = p
+        out: Tensor | None = None
+        while pos < n:
+            if stop is not None and stop():
+                raise PrefillCancelled
+            end = min(n, pos - pos % self.block + self._piece)
+            logits, _ = self.model.encode(torch.tensor([toks[pos:end]], device=dev), cache=cache,
+                                          logits="last" if end == n else "none")
+            if logits is not None:
+                out = logits[0, -1]
+            pos = end
+            if parent is not None:
+                parent, g = self._record(cache, toks, g, end, parent, out if end == n else None)
+        assert out is not None
+        return out
+
+    def _record(self, cache: KVCache, toks: tuple[int, ...], g: int, end: int, parent: int,
+                last: Tensor | None) -> tuple[int | None, int]:
+        """Insert the blocks of positions [g, end) from `cache` (which holds [0, end)): whole blocks, and the last,
+        shorter one when the prefill ends there (`last` given). Returns the parent for what follows (None: it was
+        evicted, record no more) and where the next block starts."""
+        cache.unroll()
+        B = self.block
+        window = self.model.config.sliding_window - 1
+        made: list[tuple[int, tuple[int, ...], list[Tensor], list[Tensor]]] = []
+        s = g
+        while s < end and (end - s >= B or last is not None):
+            e = min(s + B, end)
+            ks, vs = [], []
+            for lkv in cache.layers:
+                off = end - min(end, window) if lkv.sliding else 0  # sliding slot j holds position off + j
+                ks.append(lkv.k[0, :, s - off : e - off].clone())
+                vs.append(lkv.v[0, :, s - off : e - off].clone())
+            made.append((s, toks[s:e], ks, vs))
+            s = e
+        with self._lock:
+            for start, chunk, ks, vs in made:
+                if parent != 0 and parent not in self._blocks:
+                    return None, s  # evicted while we encoded: nothing below it can be reached
+                key = (parent, chunk)
+                b = self._index.get(key)
+                if b is None:
+                    nbytes = sum(t.nbytes for t in ks) + sum(t.nbytes for t in vs)
+                    b = _Block(next(self._ids), parent, start, chunk, ks, vs, nbytes)
+                    self._index[key] = b
+                    self._blocks[b.id] = b
+                    (self._root_children if parent == 0 else self._blocks[parent].children).add(b.id)
+                    self._bytes += nbytes
+                else:
+                    self._blocks.move_to_end(b.id)
+                if last is not None and b.end == end and b.last is None:
+                    b.last = last.clone()
+                    self._bytes += b.last.nbytes
+                parent = b.id
+            self._evict()
+            alive = parent == 0 or parent in self._blocks
+        return (parent if alive else None), s
+
+    def _evict(self) -> None:
+        """Drop least recently used childless blocks until the bytes fit the budget. Under the lock."""
+        while self._bytes > self.budget_bytes and self._blocks:
+            victim = next((b for b in self._blocks.values() if not b.children), None)
+            assert victim is not None  # a finite trie has a leaf
+            del self._blocks[victim.id]
+            del self._index[(victim.parent, victim.tokens)]
+            (self._root_children if victim.parent == 0 else self._blocks[victim.parent].children).discard(victim.id)
+            self._bytes -= victim.nbytes + (victim.last.nbytes if victim.last is not None else 0)
