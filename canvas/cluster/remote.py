@@ -18,8 +18,9 @@ A stream that fails after acceptance without having been cancelled (the replica 
 other error) ends the generation with `Done(status="unavailable")`: retryable, nothing in the document is lost,
 and the next `gen.start` lands on a live replica. So does a replica that went silent: a watchdog (running while any
 stream is open) ends a generation whose stream sent nothing for `silent_s` while its replica posted no figures for
-as long (a stopped or wedged process: Ray sees no error until its health check gives up, much later), and cancels
-its stream, so whatever that replica does when it wakes goes nowhere. Every handle gets exactly one `Done`,
+as long (a stopped or wedged process: Ray sees no error until its health check gives up, much later), or while its
+replica, posting, no longer lists it among what it serves (it ended there, and the stream lost its `Done`), and
+cancels its stream, so whatever that replica does when it wakes goes nowhere. Every handle gets exactly one `Done`,
 whatever happens.
 
 Invariant: this module imports no Ray; `canvas.cluster.deploy` adapts a Serve handle to `Replicas`.
@@ -221,14 +222,23 @@ class RemoteAdmission:
             except Exception:  # noqa: BLE001 (the board is unreachable: no evidence against any replica)
                 continue
             for handle in quiet:
-                age = (posts.get(handle.ref.replica) or {}).get("age_s")
+                post = posts.get(handle.ref.replica) or {}
+                age, serving = post.get("age_s"), post.get("serving")
                 entry = self._pumps.get(handle)
-                if entry is None or (age is not None and float(age) <= self.silent_s):
-                    continue  # its replica is alive: a long queue wait, a slow step
-                seen = "never posted" if age is None else f"silent for {float(age):.0f} s"
-                log.warning("generation %s on replica %s: the replica is %s; ending it", handle.id,
-                            handle.ref.replica, seen)  # fmt: skip
-                self._silenced[handle] = f"the engine replica {handle.ref.replica} stopped answering ({seen})"
+                if entry is None:
+                    continue
+                if age is not None and float(age) <= self.silent_s:
+                    # Its replica is alive (posted after the stream last spoke): a long queue wait or a slow step,
+                    # unless the replica no longer has the generation at all (it ended there, and its Done never
+                    # came down the stream): then nothing more will come.
+                    if serving is None or [handle.doc, handle.fp] in [list(x) for x in serving]:
+                        continue
+                    why = f"the engine replica {handle.ref.replica} no longer runs it and its stream went quiet"
+                else:
+                    seen = "never posted" if age is None else f"silent for {float(age):.0f} s"
+                    why = f"the engine replica {handle.ref.replica} stopped answering ({seen})"
+                log.warning("generation %s: %s; ending it", handle.id, why)
+                self._silenced[handle] = why
                 self.counts["silenced"] += 1
                 entry[1].cancel()
 

@@ -8,7 +8,8 @@ sends one or the other with `re`.
 
 Invariants:
 - One `asyncio.Lock` per document serialises its mutations (`locked`); a mutation is acknowledged (reply and
-  broadcast) only after `Store.save` has returned, so a `kill -9` loses no acknowledged change. The save carries
+  broadcast) only after `Store.save` has returned (or raised, but the store shows it saved: a connection lost
+  during COMMIT), so a `kill -9` loses no acknowledged change and a retry never makes one twice. The save carries
   the change's measure and the moved proposals too, so a restarted server rebases exactly as this one would.
 - Every change is measured (`rebase.diff`) and recorded with the version it made; edits against an old version are
   rebased over those changes or refused with `stale_version`. A change that overlaps a running generation's region
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any
 
 from canvas import __version__
@@ -123,6 +124,8 @@ class Hub:
         self.gens = Generations(self)
         self.proposals = Proposals(self)
         self._load_lock = asyncio.Lock()
+        # (session, document) -> (request, version, ops) of a failed save the store could not say it kept (`_repeat`)
+        self._unsure: dict[tuple[str, str], tuple[Hashable, int, list[Any]]] = {}
         self._handlers: dict[str, Callable[[Session, Any], Awaitable[ServerReply | None]]] = {
             "hello": self._hello,
             "doc.open": self._doc_open,
@@ -146,6 +149,8 @@ class Hub:
 
     def close_session(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
+        for key in [k for k in self._unsure if k[0] == session.id]:
+            del self._unsure[key]
         self.gens.stop_session(session)
         for doc_id in list(session.docs):
             live = self.docs.get(doc_id)
@@ -231,9 +236,11 @@ class Hub:
         session: Session | None,
         *,
         accepting: str | None = None,
+        retry: Hashable | None = None,
     ) -> Change | None:
         """Apply a change under the document's lock (held by the caller), then measure, save and broadcast it.
-        `accepting`: the gen whose proposal the change applies (settled in the same transaction)."""
+        `accepting`: the gen whose proposal the change applies (settled in the same transaction). `retry`: what
+        identifies the request (`_repeat`), should the store fail in a way that leaves it unknown if it saved."""
         doc = live.doc
         before = doc.version
         self.gens.before_change(live)
@@ -271,12 +278,40 @@ class Hub:
         except Exception as e:
             if not write_failed(e):
                 raise
-            await self._roll_back(live, accepting)
-            raise
+            # A connection lost during COMMIT leaves it unknown whether the save landed: the store says. Landed: the
+            # change is acknowledged as made (a retry told "nothing changed" would make it twice).
+            if not await self._landed(doc.doc_id, doc.version, ops_json):
+                try:
+                    await self._roll_back(live, accepting)
+                except Exception:  # the store cannot even be read: the retry of this request is checked then
+                    if session is not None and retry is not None:
+                        self._unsure[(session.id, doc.doc_id)] = (retry, doc.version, ops_json)
+                    raise e from None
+                raise
+            log.warning("document %s: v%d was saved although the store reported %s", doc.doc_id, doc.version, e)
         for gen in settled:
             live.unsaved.pop(gen, None)
         self.broadcast(live, exclude=session)
         return change
+
+    async def _landed(self, doc_id: str, v: int, ops_json: list[Any]) -> bool:
+        """Whether the store holds version `v` of the document as made by `ops_json` (False when it cannot say)."""
+        try:
+            records = await asyncio.to_thread(self.store.edits, doc_id, v - 1)
+        except Exception as e:
+            if not write_failed(e):
+                raise
+            return False
+        return any(r.v == v and r.ops == ops_json for r in records)
+
+    async def _repeat(self, session: Session, live: LiveDoc, retry: Hashable) -> bool:
+        """Whether this request repeats one of the session's whose save failed with the store unreadable, and which
+        the store now shows made (the answer was lost, not the change): then it is acknowledged, not made again."""
+        unsure = self._unsure.pop((session.id, live.doc_id), None)
+        if unsure is None or unsure[0] != retry:
+            return False
+        _, v, ops_json = unsure
+        return await self._landed(live.doc_id, v, ops_json)
 
     async def _roll_back(self, live: LiveDoc, accepting: str | None) -> None:
         """The store could not save a change `mutate` made in memory: put the document back as the store has it (in
@@ -416,14 +451,18 @@ class Hub:
 
     async def _doc_edit(self, session: Session, msg: DocEdit) -> DocState:
         async with self.locked(msg.doc_id) as live:
+            retry = ("edit", msg.base_v, repr([op.model_dump() for op in msg.ops]))
+            if self._unsure and await self._repeat(session, live, retry):
+                return self.state(live)
             ops = self._rebased(live, msg.base_v, msg.ops)
             if _length_after(len(live.doc.text), ops) > self.limits.max_doc_chars:
                 raise ProtocolError(ErrorCode.TOO_LARGE, f"a document may hold {self.limits.max_doc_chars} characters")
             doc_ops = [to_doc_op(op) for op in ops]
             label = "+".join(op.op for op in ops)
             await self.mutate(
-                live, lambda: live.doc.apply(doc_ops, label=label), [op.model_dump() for op in ops], session
-            )
+                live, lambda: live.doc.apply(doc_ops, label=label), [op.model_dump() for op in ops], session,
+                retry=retry,
+            )  # fmt: skip
             return self.state(live)
 
     def _rebased(self, live: LiveDoc, base_v: int, ops: list[EditOp]) -> list[EditOp]:
@@ -444,8 +483,11 @@ class Hub:
 
     async def _history(self, session: Session, doc_id: str, redo: bool) -> DocState:
         async with self.locked(doc_id) as live:
+            kind = "redo" if redo else "undo"
+            if self._unsure and await self._repeat(session, live, kind):
+                return self.state(live)
             step = live.doc.redo if redo else live.doc.undo
-            await self.mutate(live, step, [{"op": "redo" if redo else "undo"}], session)
+            await self.mutate(live, step, [{"op": kind}], session, retry=kind)
             return self.state(live)
 
     async def _undo(self, session: Session, msg: HistoryUndo) -> DocState:

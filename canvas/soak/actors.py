@@ -35,6 +35,7 @@ class ActorLog:
     skipped: Counter[str] = field(default_factory=Counter)  # could not set up (e.g. the server was down)
     refusals: int = 0  # busy / rate_limited met by the actors (the burst's are the point)
     admitted: int = 0  # burst generations admitted
+    unrefused_bursts: int = 0  # bursts whose every generation was admitted (a figure: see `burst`)
     statuses: Counter[str] = field(default_factory=Counter)  # gen.done statuses the actors saw
     lost: list[tuple[float, int | None, str]] = field(default_factory=list)  # unplanned: (t, close code, who)
     untyped: list[str] = field(default_factory=list)
@@ -162,10 +163,13 @@ class Actors:
                 self.log.skipped["burst"] += 1
                 return
             docs = await asyncio.gather(*(self._doc(c, "burst") for c in clients))
-            # All at once, no retries: the ones over the bound must be refused with a typed, retryable busy.
+            # All at once, no retries: the ones over the bound must be refused with a typed, retryable busy, and
+            # every one admitted answered. None refused is no violation: the sized bound (issue 47) admits what the
+            # engines expect to start within a second, which short generations on fast replicas may be a whole burst
+            # (it takes the replicas a while to admit each, and rows free up meanwhile). It is counted.
             results = await asyncio.gather(*(self._one(c, d, v) for c, (d, v) in zip(clients, docs, strict=True)))
             if not any(r == "refused" for r in results):
-                self.log.violations.append(f"burst: {len(clients)} generations at once and none refused")
+                self.log.unrefused_bursts += 1
             for c, (d, _) in zip(clients, docs, strict=True):
                 await self._delete(c, d)
             self.log.done["burst"] += 1

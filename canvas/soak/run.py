@@ -10,13 +10,13 @@ lag (`/health`) every 2 s. At the end the writers finish, the faults stop, the s
 on the same database, every writer's document is read back through it, and the store itself is read
 (`canvas.soak.checker`). Prints a summary and, as the last line, one JSON report; exits 1 on any violation or when
 the server's RSS or descriptors grew by more than 10% after warm-up. Everything runs in a temporary folder (or
-`--workdir`), which keeps the server's log, its database and the report; with `--db URL` the documents live in
-that PostgreSQL database instead (empty at the start; the store's faults are then psycopg's errors); `--db
-postgresql` alone starts a private PostgreSQL from Debian's binaries (`canvas.store.pgserver`), which the PostgreSQL
-faults restart and stop, and removes it at the end. With `--ray` the server's engine runs as Ray Serve replicas on a
-local Ray that this process starts and stops: replicas are killed and stopped, the ingress killed and restarted
-(`canvas.soak.cluster`), and every replica and the postmaster are sampled too. The report's `targets` gives one
-verdict per acceptance target (`canvas.soak.targets`).
+`--workdir`), which keeps the server's log, its database, the report and the writers' journal (`journal.json`); with
+`--db URL` the documents live in that PostgreSQL database instead (empty at the start; the store's faults are then
+psycopg's errors); `--db postgresql` alone starts a private PostgreSQL from Debian's binaries
+(`canvas.store.pgserver`), which the PostgreSQL faults restart and stop, and removes it at the end. With `--ray` the
+server's engine runs as Ray Serve replicas on a local Ray that this process starts and stops: replicas are killed
+and stopped, the ingress killed and restarted (`canvas.soak.cluster`), and every replica and the postmaster are
+sampled too. The report's `targets` gives one verdict per acceptance target (`canvas.soak.targets`).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def server_flatness(samples: list[Sample], attr: str, start: int | None = None) 
 class Soak:
     def __init__(self, args: argparse.Namespace, workdir: Path, ray_address: str | None = None,
                  db: str | None = None, pg: PgServer | None = None) -> None:  # fmt: skip
-        self.args = args
+        self.args, self.workdir = args, workdir
         self.seconds = float(args.minutes) * 60
         self.kinds = parse_faults(args.faults, ray=args.ray, pg=pg is not None)
         self.schedule = draw(args.seed, self.seconds, self.kinds, silent_s=SILENT_S)
@@ -183,8 +183,7 @@ class Soak:
             await d.pg_down(f.duration_s)
         elif f.kind == "burst":
             queue = (await asyncio.to_thread(self.server.health)).get("queue") or {}
-            size = int(queue.get("row_cap") or self.args.max_batch) + int(queue.get("max_queue") or 8) + 4
-            await actors.burst(size)
+            await actors.burst(burst_size(queue, self.args.max_batch))
 
     async def _faults(self, actors: Actors, writers: list[Writer]) -> None:
         running: list[asyncio.Task[None]] = []
@@ -240,10 +239,21 @@ class Soak:
             violations += [f"harness: {x}" for x in self.harness]
         finally:
             store.close()
+        self._journal(logs)
         report = self._report(logs, actors, violations, wall, last_health)
         report["targets"] = targets(violations, late, slowest, report["processes"])
         report["ok"] = report["ok"] and all(t["held"] for t in report["targets"].values())
         return report
+
+    def _journal(self, logs: list[WriterLog]) -> None:
+        """`journal.json` in the workdir: each writer's generations (accepted at, answered at, status), lost
+        connections, late and unanswered requests, on the soak's clock beside the fault windows: where a failed
+        target's figure came from."""
+        journal = {"fault_windows": [list(w) for w in self.windows], "writers": {log.name: {
+            "doc_id": log.doc_id, "gens": {g: [*log.gen_times.get(g, (None, None)), s] for g, s in log.gens.items()},
+            "lost": log.lost, "late": log.late, "unanswered": log.unanswered, "untyped": log.untyped}
+            for log in logs}}  # fmt: skip
+        (self.workdir / "journal.json").write_text(json.dumps(journal, indent=1))
 
     async def _read_back(self, logs: list[WriterLog]) -> dict[str, Known | None]:
         finals: dict[str, Known | None] = {}
@@ -291,7 +301,8 @@ class Soak:
             "accepted": sum(len(log.accepted) for log in logs), "rejected": sum(len(log.rejected) for log in logs),
             "refusals": dict(refusals), "errors_by_code": dict(errors),
             "actors": {"done": dict(actors.log.done), "skipped": dict(actors.log.skipped),
-                       "burst_admitted": actors.log.admitted, "statuses": dict(actors.log.statuses),
+                       "burst_admitted": actors.log.admitted, "bursts_unrefused": actors.log.unrefused_bursts,
+                       "statuses": dict(actors.log.statuses),
                        "stall_closed_by_server": actors.log.stall_closed},  # fmt: skip
             "server_rss_mib": rss, "server_fds": fds,
             "processes": processes({**{f"ingress#{n}": [(s.t, s.rss_mib, float(s.fds)) for s in self.samples
@@ -311,6 +322,14 @@ class Soak:
             "samples": [[s.t, s.start, s.rss_mib, s.fds, s.lag_p99_ms] for s in self.samples],
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }
+
+
+def burst_size(queue: dict[str, Any], max_batch: int) -> int:
+    """Generations at once that must overflow the queue bound of every engine: the server's (its /health `queue`),
+    or with --ray the sum over the replicas that posted, each bounded by its own admission (a burst sized by one
+    replica's bound fits in two)."""
+    engines = [r.get("queue") or {} for r in queue.get("replicas") or []] or [queue]
+    return sum(int(q.get("row_cap") or max_batch) + int(q.get("max_queue") or 8) for q in engines) + 4
 
 
 def _in_flight(logs: list[WriterLog]) -> Counter[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from canvas.cluster.records import Accepted, EngineRef, Invalid, Refused, coalesce
+from canvas.cluster.records import Accepted, EngineRef, Invalid, Refused, coalesce, fingerprint
 from canvas.cluster.remote import RemoteAdmission, RemoteHandle, Unavailable
 from canvas.engine.scheduling import Placement
 from canvas.engine.types import Done, Event, Frame, GenRequest
@@ -87,7 +87,8 @@ async def test_accepted_streams_frames_then_one_done() -> None:
     done = Done(7, "completed", ((5, 6, 7),), 2, 2, 2, 0.02)
     # A replica sends tuples of events (`coalesce`); single events are read too.
     stream = ScriptedStream([Accepted("r1", 7, Placement(0, 1, 0, 0), 0.0), (frame(7, 1),), frame(7, 2), (done,)])
-    admission, events = RemoteAdmission(Replicas(stream)), []
+    events: list[Event] = []
+    admission = RemoteAdmission(Replicas(stream))
     admitted = await admission.submit_async(REQUEST, events.append, owner="s1", affinity="d-1")
     assert isinstance(admitted.handle, RemoteHandle) and admitted.handle.ref == EngineRef("r1", 7)
     assert (admitted.placement.position, admitted.est_wait_s) == (0, 0.0)
@@ -149,14 +150,16 @@ async def test_invalid_and_unanswered_requests() -> None:
 async def test_a_replica_dying_mid_generation_ends_it_unavailable() -> None:
     died = RuntimeError("ActorDiedError: The actor died unexpectedly before finishing this task.")
     stream = ScriptedStream([Accepted("r1", 3, Placement(0, 1, 0, 0), None), frame(3, 1), died])
-    admission, events = RemoteAdmission(Replicas(stream)), []
+    events: list[Event] = []
+    admission = RemoteAdmission(Replicas(stream))
     await admission.submit_async(REQUEST, events.append, owner="s1")
     done = await until_done(events)
     assert done.status == "unavailable" and done.error is not None and "r1" in done.error and "ActorDied" in done.error
     assert isinstance(events[0], Frame) and not admission._pumps
     # A stream that just stops (no Done) is the same loss.
     cut = ScriptedStream([Accepted("r1", 4, Placement(0, 1, 0, 0), None), frame(4, 1)], hang=False)
-    admission, events = RemoteAdmission(Replicas(cut)), []
+    events = []
+    admission = RemoteAdmission(Replicas(cut))
     await admission.submit_async(REQUEST, events.append, owner="s1")
     assert (await until_done(events)).status == "unavailable"
 
@@ -200,7 +203,8 @@ async def test_a_silent_replica_s_generation_ends_unavailable_and_its_stream_is_
     generation as `unavailable` (typed, retryable) after `silent_s`, and cancels the stream."""
     stream = ScriptedStream([Accepted("r1", 3, Placement(0, 1, 0, 0), 0.0), (frame(3, 1),)])
     replicas = Replicas(stream, figures={"r1": {"replica": "r1", "age_s": 9.0, "queue": {}}})
-    admission, events = RemoteAdmission(replicas, silent_s=1.5), []
+    events: list[Event] = []
+    admission = RemoteAdmission(replicas, silent_s=1.5)
     admitted = await admission.submit_async(REQUEST, events.append, owner="s", affinity="doc-1")
     assert isinstance(admitted.handle, RemoteHandle) and admitted.handle.doc == "doc-1"
     running = (await admission.stats_async())["running"]
@@ -212,13 +216,40 @@ async def test_a_silent_replica_s_generation_ends_unavailable_and_its_stream_is_
 
 
 async def test_a_quiet_generation_on_a_replica_that_posts_is_left_alone() -> None:
-    """Queued behind others, a generation streams nothing for a while; its replica still posts: not ended."""
+    """Queued behind others, a generation streams nothing for a while; its replica still posts, and lists it among
+    what it serves: not ended."""
     stream = ScriptedStream([Accepted("r1", 4, Placement(2, 1, 2, 0), 3.0)])
-    replicas = Replicas(stream, figures={"r1": {"replica": "r1", "age_s": 0.4, "queue": {}}})
-    admission, events = RemoteAdmission(replicas, silent_s=1.0), []
+    serving = [["", fingerprint(REQUEST)]]
+    replicas = Replicas(stream, figures={"r1": {"replica": "r1", "age_s": 0.4, "queue": {}, "serving": serving}})
+    events: list[Event] = []
+    admission = RemoteAdmission(replicas, silent_s=1.0)
     admitted = await admission.submit_async(REQUEST, events.append, owner="s")
     await asyncio.sleep(3.0)
     assert not events and admission.counts["silenced"] == 0
     admitted.handle.cancel()
     assert (await asyncio.wait_for(until_done(events), 5)).status == "cancelled"
+    await admission.aclose()
+
+
+async def test_a_generation_its_live_replica_no_longer_serves_ends_unavailable() -> None:
+    """The replica ended the generation, but its `Done` never came down the stream (the soak saw generations go
+    unanswered for minutes while their replica posted): the replica's figures no longer list it, so after `silent_s`
+    the watchdog ends it as `unavailable` instead of leaving the client waiting; another generation of the same
+    replica that it still lists is left alone."""
+    lost = ScriptedStream([Accepted("r1", 5, Placement(0, 1, 0, 0), 0.0), (frame(5, 1),)])
+    alive = ScriptedStream([Accepted("r1", 6, Placement(0, 1, 0, 0), 0.0)])
+    other = GenRequest((1, 2, 4), (5, 0, 0), (True, False, False))
+    figures = {"r1": {"replica": "r1", "age_s": 0.3, "queue": {}, "serving": [["doc-2", fingerprint(other)]]}}
+    events: list[Event] = []
+    kept: list[Event] = []
+    admission = RemoteAdmission(Replicas(lost, alive, figures=figures), silent_s=1.0)
+    await admission.submit_async(REQUEST, events.append, owner="s", affinity="doc-1")
+    still = await admission.submit_async(other, kept.append, owner="t", affinity="doc-2")
+    done = await asyncio.wait_for(until_done(events), 10)
+    assert done.status == "unavailable" and "no longer runs it" in (done.error or "")
+    assert lost.cancelled.is_set() and admission.counts["silenced"] == 1
+    await asyncio.sleep(1.5)
+    assert not kept and not alive.cancelled.is_set()
+    still.handle.cancel()
+    assert (await asyncio.wait_for(until_done(kept), 5)).status == "cancelled"
     await admission.aclose()

@@ -45,3 +45,17 @@ def test_a_drop_gives_up_after_its_tries() -> None:
     client = _FullQueue(refusals=10_000)
     assert asyncio.run(actors._admitted(client, "d", 1, DROP_TRIES, **LONG)) is None  # type: ignore[arg-type]
     assert client.calls == DROP_TRIES and actors.log.untyped == []
+
+
+def test_a_burst_overflows_every_replica_s_bound_not_one() -> None:
+    """With --ray the ingress's /health sums the replicas and has no `row_cap` of its own: a burst sized by the
+    default (max_batch + 8) fitted in two replicas' queues, and the check that the burst meets a refusal failed
+    (the 3-minute scale-out soak: "16 generations at once and none refused"). It is sized by every replica's bound."""
+    from canvas.soak.run import burst_size
+
+    one = {"row_cap": 3, "max_queue": 5}
+    assert burst_size(one, max_batch=4) == 3 + 5 + 4
+    ray = {"max_batch": 8, "replicas": [{"queue": {"row_cap": 3, "max_queue": 3}},
+                                         {"queue": {"row_cap": 4, "max_queue": 12}}]}  # fmt: skip
+    assert burst_size(ray, max_batch=4) == (3 + 3) + (4 + 12) + 4
+    assert burst_size({}, max_batch=4) == 4 + 8 + 4  # no figures yet: the server's defaults
