@@ -7,8 +7,15 @@ sibling package `kernels`, the Textual app in `tui`, the browser client in `web/
 Map, bottom up (a package imports its own layer and the ones below; tests/test_layers.py holds the rule):
 `protocol` (with the Python client), `document`, `store` | `sampling` | `model` | `convert` (building models, and
 which one a command serves) | `engine` | `server` (with its HTTP dialects, `server.http`), `cluster` | `eval`,
-`training`, `bench`, `soak`, and `tui` beside them | `cli`, the entry point. Only this face and `cli` are modules
-of their own here; this face imports nothing and everything may import its `__version__`.
+`training`, `bench`, `soak`, and `tui` beside them | `cli`, the entry point: it maps each `dcanvas` subcommand to
+its module by name (`SUBCOMMANDS`) and imports only the one that runs. Only this face and `cli` are modules of
+their own here. Each package's map ends with two lines, `Imports:` and `Imported by:`, that tests/test_layers.py
+holds to the code; `canvas.cli` counts there as a package of its own.
+
+This face imports nothing, so that anything may read its `__version__`: the CLI, the protocol client and the
+server do.
+Imports: nothing.
+Imported by: `canvas.cli`, `canvas.protocol` and `canvas.server`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The layout's rules, read from the source: imports point down the layers, no import circle between files, no loose
 module in `canvas/`, and every package's `__init__` docstring is its map.
+(apply-moves: skip-file: the package names here are the new layout's, not old modules for tools.apply_moves.)
 
 Every `import` and `from ... import` counts wherever it stands, a lazy one inside a function included: it is still
 a dependency, only a later one. Imports under `if TYPE_CHECKING:` count for the direction (an upward one, even for
@@ -16,13 +17,25 @@ below, never one above):
     6  canvas.eval, canvas.training, canvas.bench, canvas.soak, tui
     7  canvas.cli               the entry point (it names its subcommands' modules as strings)
 
+A package's map is the docstring of its `__init__`, and it stays true:
+- every module in the package (each `.py` beside the `__init__`, but `__main__`) and every subpackage is named in
+  it in backticks: `prefix_cache`, `http/`, or its dotted name from the package (`kernels.moe.fused_moe` names
+  `moe`), with a few words on what it owns;
+- it holds one line `Imports: ...` and one line `Imported by: ...` (each may wrap, and runs to the first `.` outside
+  backticks): the backticked packages, separated by commas or "and", or the word `nothing`. Imports are counted as
+  above, between the modules that sit directly in a package (a subpackage is a package of its own: `canvas.server`
+  imports `canvas.server.http` and the other way round), and the entry point `canvas.cli` counts as a package of its
+  own, whose imports are the module names of its `SUBCOMMANDS` table. Both lists must be exactly the packages the
+  code imports and that import it (tests/ and tools/ are not counted), so a new import, or a dropped one, fails here
+  until the map says so. The prose around the two lines says why.
+
 The first tests run the checker on small made-up trees, so that a check which could never fail is caught too.
-(apply-moves: skip-file: the package names below are the new layout's, not old modules for tools.apply_moves.)
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -88,8 +101,9 @@ def import_graph(root: Path, packages: Iterable[str] = ROOTS, *, type_only: bool
                 continue
             for dotted in _imported(node, name, path.name == "__init__.py"):
                 parts = dotted.split(".")
-                target = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mods),
-                              None)
+                target = next(
+                    (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mods), None
+                )
                 if target is not None and target != name:
                     graph[name].add(target)
     return graph
@@ -158,6 +172,117 @@ def upward_imports(graph: dict[str, set[str]], layers: dict[str, int] = LAYERS) 
     return bad
 
 
+# ---- the maps ------------------------------------------------------------------------------------------------------
+
+ENTRY = "canvas.cli"  # the entry point: a package of its own here, as in LAYERS
+_FIELDS = {"imports": "Imports:", "imported_by": "Imported by:"}
+_BACKTICKED = re.compile(r"`([^`\n]+)`")
+
+
+def package_of(module: str, mods: dict[str, Path]) -> str:
+    """The package a module sits directly in (a package's `__init__` is its own); the entry point is its own."""
+    if module == ENTRY or mods[module].name == "__init__.py":
+        return module
+    return module.rpartition(".")[0]
+
+
+def _cli_targets(root: Path, mods: dict[str, Path]) -> set[str]:
+    """The modules the entry point imports by name: the first item of each `SUBCOMMANDS` entry."""
+    path = root / "canvas" / "cli.py"
+    if not path.is_file():
+        return set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "SUBCOMMANDS"
+            and isinstance(node.value, ast.Dict)
+        ):
+            names = {str(ast.literal_eval(v)[0]) for v in node.value.values}
+            unknown = sorted(names - set(mods))
+            assert not unknown, f"canvas/cli.py: SUBCOMMANDS names modules that are not there: {unknown}"
+            return names
+    raise AssertionError("canvas/cli.py: no `SUBCOMMANDS: dict[...] = {...}` table to read the subcommands from")
+
+
+def package_imports(root: Path, packages: Iterable[str] = ROOTS) -> dict[str, dict[str, set[str]]]:
+    """Package -> each other package it imports -> the `importer -> imported` module pairs behind it."""
+    mods = modules(root, packages)
+    graph = import_graph(root, packages)
+    graph.setdefault(ENTRY, set()).update(_cli_targets(root, mods))
+    found: dict[str, dict[str, set[str]]] = {package_of(m, mods): {} for m in mods}
+    for src, targets in graph.items():
+        for dst in targets:
+            a, b = package_of(src, mods), package_of(dst, mods)
+            if a != b:
+                found[a].setdefault(b, set()).add(f"{src} -> {dst}")
+    return found
+
+
+def map_field(doc: str, label: str) -> set[str] | None:
+    """The packages one `Imports:` / `Imported by:` line names (empty for `nothing`); None where it is missing.
+    Raises ValueError for a line that is not a plain list of backticked names."""
+    found = list(re.finditer(rf"^[ \t]*{re.escape(label)}", doc, re.MULTILINE))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(f"{label} appears {len(found)} times")
+    rest = doc[found[0].end() :]
+    text, ticks = "", False
+    for ch in rest:  # up to the first period outside backticks
+        if ch == "." and not ticks:
+            break
+        ticks ^= ch == "`"
+        text += ch
+    else:
+        raise ValueError(f"{label} does not end with a period")
+    names = set(_BACKTICKED.findall(text))
+    between = " ".join(_BACKTICKED.sub(" ", text).replace(",", " ").split())
+    if between == "nothing" and not names:
+        return set()
+    if not names or between.replace("and", "").strip():
+        raise ValueError(f"{label} should list backticked packages or say `nothing`, not {text.strip()!r}")
+    return names
+
+
+def map_mistakes(root: Path, packages: Iterable[str] = ROOTS) -> list[str]:
+    """What each package's map leaves out or gets wrong: unnamed modules, and import lines that differ from the code."""
+    packages = list(packages)
+    imports = package_imports(root, packages)
+    imported_by: dict[str, dict[str, set[str]]] = {p: {} for p in imports}
+    for src, targets in imports.items():
+        for dst, pairs in targets.items():
+            imported_by.setdefault(dst, {})[src] = pairs
+    mistakes: list[str] = []
+    for init in sorted(p for pkg in packages for p in (root / pkg).rglob("__init__.py")):
+        package = ".".join(init.parent.relative_to(root).parts)
+        rel = init.relative_to(root)
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        named = set()
+        for token in _BACKTICKED.findall(doc):
+            token = token.rstrip("/").removeprefix(f"{package}.")
+            named.add(token.split(".")[0])
+        members = {p.stem for p in init.parent.glob("*.py")} - {"__init__", "__main__"}
+        members |= {p.parent.name for p in init.parent.glob("*/__init__.py")}
+        if unnamed := sorted(members - named):
+            mistakes.append(f"{rel}: its map names no {', '.join(unnamed)} (name each in backticks, with what it owns)")
+        for key, label in _FIELDS.items():
+            actual = imports.get(package, {}) if key == "imports" else imported_by.get(package, {})
+            try:
+                said = map_field(doc, label)
+            except ValueError as err:
+                mistakes.append(f"{rel}: {err}")
+                continue
+            if said is None:
+                mistakes.append(f"{rel}: no `{label}` line; the code says {label} {sorted(actual) or 'nothing'}")
+                continue
+            for missing in sorted(set(actual) - said):
+                mistakes.append(f"{rel}: `{label}` misses {missing} ({'; '.join(sorted(actual[missing]))})")
+            for extra in sorted(said - set(actual)):
+                mistakes.append(f"{rel}: `{label}` names {extra}, but no such import is in the code")
+    return mistakes
+
+
 # ---- the checker on made-up trees ----------------------------------------------------------------------------------
 
 
@@ -198,6 +323,49 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
     ]
 
 
+_MAPPED = {
+    "canvas/__init__.py": '"""The face.\n\nImports: nothing.\nImported by: `canvas.cli`, `canvas.engine`."""\n',
+    "canvas/cli.py": 'from canvas import __version__\n'
+                     'SUBCOMMANDS: dict[str, tuple[str, str]] = {"gen": ("canvas.engine.run", "register")}\n',
+    "canvas/engine/__init__.py": '"""Map: `core`, `run`, `http/`.\n\nImports: `canvas`.\n'
+                                 'Imported by: `canvas.cli` and\n`canvas.engine.http`."""\n',
+    "canvas/engine/core.py": "from canvas import __version__\n",
+    "canvas/engine/run.py": "",
+    "canvas/engine/http/__init__.py": '"""`routes`.\n\nImports: `canvas.engine`.\nImported by: nothing."""\n',
+    "canvas/engine/http/routes.py": "from canvas.engine import core\n",
+}  # fmt: skip
+
+
+def test_true_maps_pass_and_each_drift_is_named(tmp_path: Path) -> None:
+    assert map_mistakes(_tree(tmp_path / "ok", _MAPPED), ["canvas"]) == []
+    drifted = dict(_MAPPED)
+    drifted["canvas/engine/lag.py"] = "import canvas.engine.http.routes\n"  # a new module, and a new import
+    drifted["canvas/engine/http/routes.py"] = ""  # an import dropped
+    assert map_mistakes(_tree(tmp_path / "drift", drifted), ["canvas"]) == [
+        "canvas/engine/__init__.py: its map names no lag (name each in backticks, with what it owns)",
+        "canvas/engine/__init__.py: `Imports:` misses canvas.engine.http "
+        "(canvas.engine.lag -> canvas.engine.http.routes)",
+        "canvas/engine/__init__.py: `Imported by:` names canvas.engine.http, but no such import is in the code",
+        "canvas/engine/http/__init__.py: `Imports:` names canvas.engine, but no such import is in the code",
+        "canvas/engine/http/__init__.py: `Imported by:` misses canvas.engine "
+        "(canvas.engine.lag -> canvas.engine.http.routes)",
+    ]
+
+
+def test_a_map_without_its_import_lines_or_with_prose_in_them_fails(tmp_path: Path) -> None:
+    assert map_field("Imports: `a.b`, `c` and `d`.\nrest", "Imports:") == {"a.b", "c", "d"}
+    assert map_field("Imported by:\n  nothing. More.", "Imported by:") == set()
+    with pytest.raises(ValueError, match="backticked packages"):
+        map_field("Imported by: the CLI and `canvas.eval`.", "Imported by:")
+    with pytest.raises(ValueError, match="2 times"):
+        map_field("Imports: nothing.\nImports: `a`.", "Imports:")
+    old = dict(_MAPPED, **{"canvas/engine/http/__init__.py": '"""`routes`: imported by the engine only."""\n'})
+    assert map_mistakes(_tree(tmp_path, old), ["canvas"]) == [
+        "canvas/engine/http/__init__.py: no `Imports:` line; the code says Imports: ['canvas.engine']",
+        "canvas/engine/http/__init__.py: no `Imported by:` line; the code says Imported by: nothing",
+    ]
+
+
 # ---- the project ---------------------------------------------------------------------------------------------------
 
 
@@ -230,7 +398,11 @@ def test_every_package_docstring_is_its_map() -> None:
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
         rel = init.relative_to(REPO)
         assert len(doc.split()) >= 20, f"{rel}: its docstring should say what the package owns and its imports"
-        assert "import" in doc, f"{rel}: its docstring should say what it may import and what imports it"
+
+
+def test_every_map_names_its_modules_and_its_imports_as_the_code_has_them() -> None:
+    mistakes = map_mistakes(REPO)
+    assert mistakes == [], "package maps out of date:\n" + "\n".join(mistakes)
 
 
 def test_the_readme_table_matches_the_layers() -> None:

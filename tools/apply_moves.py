@@ -70,10 +70,24 @@ class MoveMap:
         return names
 
 
+def existing_modules(root: Path = MAP_FILE.parent.parent) -> set[str]:
+    """Every module and package in the tree as it is now: a module added after the move under a package that bears an
+    old module's name (`canvas.engine.prefix_cache`) is current, never an old name to rewrite."""
+    names: set[str] = set()
+    for top in ROOTS:
+        for path in (root / top).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return names
+
+
 class Rewriter:
-    def __init__(self, moves: MoveMap) -> None:
+    def __init__(self, moves: MoveMap, current: set[str] | None = None) -> None:
+        """`current`: the modules that exist now (`existing_modules`), kept as they are; the move map's targets always
+        count."""
         self.moves = moves
-        self.new_names = moves.new_names
+        self.new_names = moves.new_names | (current or set())
 
     def dotted(self, name: str, *, bare: bool = False) -> str:
         """The current spelling of a dotted name (a module, or a name inside one); unchanged if it did not move.
@@ -168,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="list the files that would change; exit 1 if any")
     parser.add_argument("--map", type=Path, default=MAP_FILE, help="the move map (default: tools/module_moves.json)")
     args = parser.parse_args(argv)
-    rewriter = Rewriter(MoveMap.load(args.map))
+    rewriter = Rewriter(MoveMap.load(args.map), existing_modules())
     changed = 0
     for path in iter_files(args.paths):
         try:

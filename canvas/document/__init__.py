@@ -18,7 +18,9 @@ caller accepts the resulting `Proposal` with `apply_proposal` (one undo unit) or
 
 Modules: `core` (`Document`), `base` (its config, atoms and operations), `views` (the read-only snapshots), `edit`,
 `history`, `proposal`, `errors`, `tokenizer` (the tokenizer contract). The bottom layer: imports nothing of
-the project; the engine, the server and the eval import it.
+the project; the engine, the server and its HTTP dialects, and the eval import it.
+Imports: nothing.
+Imported by: `canvas.engine`, `canvas.eval`, `canvas.server` and `canvas.server.http`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,16 @@
 Map: `core` (`Engine`: requests join between steps, rows stop one by one, frames stream out), `ar` (the engine's AR
 mode: batched drafts, each cut at clause ends and scored by the text after the gap), `types` (`GenRequest`, `Frame`,
 `Done`, `GenHandle`: what goes in and comes out), `scheduling` (the fair queue, the measured load, the row cap),
-`generate` (static-batch generation that reproduces transformers' `generate` token for token), `backend` (a model
-directory loaded into an `Engine` with its tokenizer, special ids and defaults; the tiny random checkpoint the tests
-serve), `generate_cli` (`dcanvas generate`). May import `canvas.model`, `canvas.sampling`, `canvas.document` and
-`canvas.convert` (which model to load), never the server or the UI; imported by the server, the cluster, the eval
-and the benchmarks.
+`prefix_cache` (`PrefixCache`: encoder caches reused by the longest common prefix of token ids, so that an editor
+that resends its context on every keystroke pays only for what changed), `generate` (static-batch generation that
+reproduces transformers' `generate` token for token), `backend` (a model directory loaded into an `Engine` with its
+tokenizer, special ids and defaults; the tiny random checkpoint the tests serve), `generate_cli` (`dcanvas
+generate`).
+
+It imports the model, the sampler, the document (a prompt's tokens), `canvas.convert` (which model to load, the FIM
+prompt) and `kernels` (the AR draw on the CPU), never the server or the UI. The server and its HTTP dialects, the
+cluster's replicas, the eval, training's eval points, the benchmarks and the CLI (`dcanvas generate`) import it.
+Imports: `canvas.convert`, `canvas.document`, `canvas.model`, `canvas.sampling` and `kernels`.
+Imported by: `canvas.bench`, `canvas.cli`, `canvas.cluster`, `canvas.eval`, `canvas.server`, `canvas.server.http` and
+`canvas.training`.
 """

@@ -7,8 +7,13 @@ table and the model card's marked block), `evaluate` (the runs and the command);
 (`remote`: `--task clients|code`): `client_shapes` (the requests llama.vim, OpenAI FIM clients and the websocket
 send, at half-typed lines), `clients` (noise, echo, first-line ratio, length, seconds), `code_tasks` (held-out
 Python gaps with doctests; `data/code_gaps.jsonl`), `sandbox` (their doctests, run without network), `code` (exact
-match, tests passed, seconds, beside a llama.cpp peer). May import the engine (through
-`canvas.engine.backend`), `canvas.convert` (which model), `canvas.sampling`, `canvas.document` and `canvas.protocol`
-(its websocket client); imported by the
-CLI and by `canvas.training` (the exported card keeps the eval's block).
+match, tests passed, seconds, beside a llama.cpp peer).
+
+It imports the engine (through `canvas.engine.backend`), `canvas.convert` (which model, the FIM format),
+`canvas.model` (the CPU threads), `canvas.sampling`, `canvas.document`, `canvas.protocol` (its websocket client) and
+`canvas.bench.common` (the machine record of a report); the CLI and `canvas.training` (the exported card keeps the
+eval's block, a FIM run's eval points) import it.
+Imports: `canvas.bench`, `canvas.convert`, `canvas.document`, `canvas.engine`, `canvas.model`, `canvas.protocol` and
+`canvas.sampling`.
+Imported by: `canvas.cli` and `canvas.training`.
 """

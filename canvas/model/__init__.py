@@ -1,10 +1,15 @@
 """Our DiffusionGemma text model: config, KV cache, the model (encode / denoise) and weight I/O.
 
-Modules: `config` (`ModelConfig`, presets), `cache` (the static `KVCache`), `model` (`DiffusionModel`), `io` (the
-HF-layout weights), `int8` (int8 decode weights), `cpu` (dtype, threads and allocator for the CPU), `tokenizer`
-(the embedded model's byte-level BPE: training, saving, special ids). Imports `kernels` and `canvas.sampling` (the
-sampler defaults saved with the weights), nothing above; imported by the conversion, the engine and everything
-over it."""
+Modules: `config` (`ModelConfig`, presets), `cache` (the static `KVCache`), `model` (`DiffusionModel`), `decode`
+(the encoder's one-token decode step written for few ops, and `DecodeCompiler`, which compiles its halves once per
+process), `io` (the HF-layout weights), `int8` (int8 decode weights), `cpu` (dtype, threads and allocator for the
+CPU), `tokenizer` (the embedded model's byte-level BPE: training, saving, special ids).
+
+It imports `kernels` and `canvas.sampling` (the sampler defaults saved with the weights), nothing above; the
+conversion, the engine, the eval, training and the benchmarks import it.
+Imports: `canvas.sampling` and `kernels`.
+Imported by: `canvas.bench`, `canvas.convert`, `canvas.engine`, `canvas.eval` and `canvas.training`.
+"""
 
 from __future__ import annotations
 

@@ -14,10 +14,13 @@ Invariants:
 Modules: `base` (limits, error codes, the pydantic base), `messages` (every message model), `wire` (errors,
 parsing, encoding, schema), `client` (an async Python client over websockets). Import from `canvas.protocol`: the
 names below are the protocol's API. The bottom layer: imports nothing of the project but `canvas.__version__`;
-the server, the TUI, the soak and load benchmarks import it.
+the server, the TUI and its screens, the soak, the load benchmark, the eval's client shapes and the CLI
+(`dcanvas schema`) import it.
 
 `dcanvas schema` prints `json_schema()`; the server serves the same document at `GET /schema`. The protocol is
 written up for plugin authors in docs/protocol.md.
+Imports: `canvas`.
+Imported by: `canvas.bench`, `canvas.cli`, `canvas.eval`, `canvas.server`, `canvas.soak`, `tui` and `tui.screens`.
 """
 
 from canvas.protocol.base import (

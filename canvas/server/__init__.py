@@ -6,11 +6,17 @@ rate limits), `state` (sessions, live documents), `hub` (request handlers), `hub
 of it), `gens` (one task per generation), `admission` (the engine queue's bound, `busy`), `proposals` (accept,
 reject), `peers` (other server processes on a shared store), `persist` (change logs and proposals in the store:
 SQLite, or PostgreSQL shared by several servers), `outbox` (per-connection sending with latest-wins progress),
-`rebase` (versions), `faults` (injected faults for the soak), `embedded` (a server in a thread, for the TUI),
-`http/` (the OpenAI-compatible and llama.cpp routes). What it serves with is `canvas.engine.backend`.
+`rebase` (versions), `faults` (injected faults for the soak), `lag` (how late the event loop runs: `/health`'s
+`loop_lag_ms`), `embedded` (a server in a thread, for the TUI), `http/` (the OpenAI-compatible and llama.cpp
+routes). What it serves with is `canvas.engine.backend`.
 
-Imports the engine, the store, the protocol and the document (and `canvas.cluster` with `--ray`), never the eval,
-the benchmarks or the UI; the TUI, the soak, the cluster and the CLI import it.
+It imports the engine, the store, the protocol, the document, the sampler's modes, `canvas.convert` (which model),
+`canvas.__version__` and its HTTP dialects (and `canvas.cluster` with `--ray`), never the eval, the benchmarks or the
+UI. The TUI (`embedded`), the soak (`faults`), the cluster (`admission`), the HTTP dialects (`admission`, `config`,
+`security`) and the CLI import it.
+Imports: `canvas`, `canvas.cluster`, `canvas.convert`, `canvas.document`, `canvas.engine`, `canvas.protocol`,
+`canvas.sampling`, `canvas.server.http` and `canvas.store`.
+Imported by: `canvas.cli`, `canvas.cluster`, `canvas.server.http`, `canvas.soak` and `tui`.
 
 This module stays light (no torch import) so that `dcanvas --help` is fast; `create_app` imports the rest.
 """

@@ -8,6 +8,10 @@ the queue bound), `cluster` (the faults of the scale-out deployment: replicas ki
 PostgreSQL restarted and stopped, the ingress restarted; the processes sampled there), `checker` (the invariants),
 `targets` (resource figures and the acceptance targets), `run` (the command: wires them together and prints the
 report).
-The top layer: imports the protocol client, the store, `canvas.server.faults` and the ingress's silent-replica timeout
-(`canvas.cluster.remote`); `canvas.bench` registers it.
+
+The top layer: imports the protocol client, the store (with its throwaway PostgreSQL, `pgserver`),
+`canvas.server.faults` and the ingress's silent-replica timeout (`canvas.cluster.remote`); `canvas.bench` registers
+it and its load benchmark starts servers with `server`.
+Imports: `canvas.cluster`, `canvas.protocol`, `canvas.server` and `canvas.store`.
+Imported by: `canvas.bench`.
 """

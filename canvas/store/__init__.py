@@ -4,7 +4,9 @@ Map: `base` (records, errors, `DocStore` / `SharedStore`, the shared SQL), `sqli
 server process), `pg` (`PgStore`: PostgreSQL, several server processes), `pgserver` (a private, throwaway
 PostgreSQL from Debian's binaries, for the tests and the soak). The bottom layer with `canvas.protocol` and
 `canvas.document`: it imports nothing of the project (documents are opaque JSON blobs here); the server
-(`canvas.server`), the soak checker and the tests import it.
+(`canvas.server`), the soak and the tests import it.
+Imports: nothing.
+Imported by: `canvas.server` and `canvas.soak`.
 """
 
 from __future__ import annotations

@@ -5,9 +5,15 @@ Map: `core` (`HttpApi`: who may call, body limits, how a request's generation is
 server-sent events), `textgen` (text in, engine request out, text back), `textrun` (the `n` generations of one
 request as a stream of text events), `openai` and `llama_infill` (the two dialects' routes), `llama_fields` and
 `llama_instruct` (llama.cpp's request fields and llama.vim's instruction shape), `llama_rewrite` (llama.vim's
-instructions answered from screened candidates). `routes` below assembles both dialects for `canvas.server.app`. May
-import the engine (`canvas.engine`), the sampler settings, and `canvas.server.admission` / `config` / `security`; the
-dialects import `core`, never the other way round. Imported by `canvas.server.app` only (and the tests).
+instructions answered from screened candidates), `endings` (where a suggestion ends: `/infill`'s line-level
+endings as llama.cpp's server has them, and the early end of an AR row whose drafts have all reached theirs).
+`routes` below assembles both dialects for `canvas.server.app`.
+
+It imports the engine (`canvas.engine`), the sampler settings, the document's tokenizer contract, the trimmed
+vocabulary (`canvas.convert.vocab`) and `canvas.server.admission` / `config` / `security`; the dialects import
+`core`, never the other way round. Only `canvas.server.app` imports it (and the tests).
+Imports: `canvas.convert`, `canvas.document`, `canvas.engine`, `canvas.sampling` and `canvas.server`.
+Imported by: `canvas.server`.
 """
 
 from __future__ import annotations
