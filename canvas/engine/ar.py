@@ -24,11 +24,17 @@ the tokens written since (K, new): on a CPU a step's cost grows with its rows (t
 dot-product rate from a few rows up, BENCHMARKS.md), and a prefill of many tokens a row costs less per token than
 a shadow row in every step. The seam pass scores the seam's first token too, re-reading each ending's last draft
 token. The FIM frame's own likelihood of the draft (conditioned on both sides) is what `ar_draft_weight` weighs.
+A lane that has written `<|fim_end|>` gives up its batch row from the next step on (`ARWalk.active`: K drafts do not
+cost K rows to the last), and the gap ends, in the step that decides it, once `EARLY_END_SHARE` of its lanes have
+ended: the lanes still writing then offer only the clause ends they have written, never the budget.
 
 SMC (`ar_smc_every` N > 0): every N tokens each lane's running seam score (the seam's plain log-likelihood right
 after the draft as it stands, one forward over all lanes) weighs it by its gain since its ancestor was last
 weighed, and the K lanes are resampled (multinomial, the row's generator) at `ar_smc_temperature`; their cache rows
 follow them at the next batch step (`ARWalk.moved`).
+
+Under `SamplerConfig.ar_first_newline` False (an editor's suggestion), no lane breaks its line while its draft is blank
+(`line_tokens`, read from the tokenizer's texts): the suggestion never opens with an empty line.
 
 Legend: K lanes of one row, B lanes of all rows, g gap slots, E endings per lane, S seam tokens, V vocabulary.
 """
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +61,7 @@ _NEG = float("-inf")
 _serials = itertools.count(1)
 _CLAUSE_MARKS = ".,;:!?"  # a token whose text ends with one of these (closing quotes aside) ends a clause
 _CLOSERS = "\"')]\u201d\u2019"
+_BYTE_TOKENS = {"<0x0A>": "\n", "<0x0D>": "\r", "<0x09>": "\t", "<0x20>": " "}  # SentencePiece's byte fallback
 # A FIM prompt's sides are cut to what the fine-tune saw (`canvas.convert.fim`): the last tokens of the left side,
 # the first of the right.
 _FIM_LEFT, _FIM_RIGHT = MAX_PREFIX, MAX_SUFFIX
@@ -61,6 +69,10 @@ _FIM_LEFT_STEP = 32
 # The FIM prompt's order (the adapters trained on both, half each): "psm" puts the left side, which a keystroke
 # changes, before the right side; "spm" puts it last, so a keystroke changes only the prompt's tail.
 DEFAULT_FIM_ORDER: Order = "psm"
+# A FIM gap's answer is decided once this share of its lanes have written `<|fim_end|>` (1.0: only when all have):
+# the lanes still writing then offer only the clause ends they have written (`ARWalk.endings`), and the gap ends
+# without waiting for them to reach the budget. Measured with `dcanvas eval` (the FIM section of README.md).
+EARLY_END_SHARE = 0.5
 
 
 def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
@@ -74,15 +86,29 @@ def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
     return frozenset(out)
 
 
-def line_break_ids(texts: Sequence[str]) -> frozenset[int]:
-    """The ids whose token text (`texts[id]`: each id decoded alone, or its SentencePiece piece) breaks the line before
-    writing on it: a line break (a newline or its byte token) with nothing but whitespace before it in the token."""
-    out = set()
+@dataclass(frozen=True, slots=True)
+class LineTokens:
+    """A tokenizer's ids that break a line before writing on it (a newline or carriage return with nothing but spaces
+    or tabs before it in the token) and those that are only spaces or tabs: under `SamplerConfig.ar_first_newline`
+    False a draft may not break its line while its text is still blank."""
+
+    breaks: frozenset[int]
+    blanks: frozenset[int]
+
+
+def line_tokens(texts: Sequence[str]) -> LineTokens:
+    """`LineTokens` from each id's token text (`texts[id]`: the id decoded alone, or its SentencePiece piece)."""
+    breaks: set[int] = set()
+    blanks: set[int] = set()
     for i, piece in enumerate(texts):
-        text = (piece or "").replace("<0x0A>", "\n")
-        if "\n" in text and not text.split("\n", 1)[0].replace("\u2581", " ").strip(" \t\r"):
-            out.add(i)
-    return frozenset(out)
+        text = (piece or "").replace("\u2581", " ")
+        for byte, char in _BYTE_TOKENS.items():
+            text = text.replace(byte, char)
+        head, *rest = re.split("[\r\n]", text, maxsplit=1)
+        if not text or head.strip(" \t"):
+            continue
+        (breaks if rest else blanks).add(i)
+    return LineTokens(frozenset(breaks), frozenset(blanks))
 
 
 def draw(logits: Tensor, bans: Sequence[Sequence[int]], temperature: float, cfg: SamplerConfig,
@@ -130,10 +156,10 @@ class ARWalk:
                  room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = (),
                  context: Sequence[int] = (), fim: FimTokens | None = None,
                  word_edges: WordEdges | None = None, prefix: PrefixCache | None = None,
-                 fim_order: Order = DEFAULT_FIM_ORDER, line_breaks: frozenset[int] | None = None) -> None:
+                 fim_order: Order = DEFAULT_FIM_ORDER, lines: LineTokens | None = None) -> None:
         self.model, self.cfg, self.ctx, self.last = model, cfg, ctx, last
-        # The tokenizer's `line_break_ids`: banned as a gap's first token under `SamplerConfig.ar_first_newline` False
-        self.line_breaks = sorted(line_breaks or ())
+        self.lines = lines  # what `SamplerConfig.ar_first_newline` False bans while a draft is blank
+        self._breaks = sorted(lines.breaks) if lines is not None else []
         self.prefix = prefix  # the engine's context cache: fed pinned runs and FIM prompts start from it
         self.cached = 0  # tokens of fed pinned runs taken from `prefix` instead of encoded
         self.fim_order = fim_order
@@ -149,8 +175,9 @@ class ARWalk:
         self.shown = 0  # while a gap drafts: how many of its slots hold the leading draft's tokens
         self.drafting = False
         self.serial = 0  # a new value for every drafted gap (and SMC resample): its lanes' identity in the batch
-        self.moved: dict[int, tuple[int, int]] = {}  # after a resample: batch row -> (old serial, old row)
+        self.moved: dict[int, tuple[int, int]] = {}  # after a resample or a lane's end: row -> (old serial, old row)
         self.lanes = 0
+        self.active: list[int] = []  # the lanes that take a batch row: in the FIM frame, those still writing
         self.start = self.end = self.n = 0
         self.scored = False
         self.temperature = cfg.ar_temperature  # this gap's drafting temperature (`_start_gap` sets it)
@@ -170,8 +197,8 @@ class ARWalk:
 
     @property
     def rows(self) -> int:
-        """Batch rows of the drafting lanes: one a lane."""
-        return self.lanes
+        """Batch rows of the drafting lanes: one a lane still writing (`active`; a finished FIM lane has none)."""
+        return len(self.active)
 
     def source(self, row: int) -> KVCache:
         """The cache a new batch row starts from: the FIM prompt's in the FIM frame, else the plain context."""
@@ -284,6 +311,7 @@ class ARWalk:
         self.done = torch.zeros(self.lanes, dtype=torch.bool, device=dev)  # a FIM lane wrote `<|fim_end|>`...
         self.length = torch.full((self.lanes,), g, dtype=torch.long, device=dev)  # ...after this many tokens
         self.potential = torch.zeros(self.lanes, device=dev)  # SMC: each lane's score when last weighed
+        self.active = list(range(self.lanes))
         self.serial = next(_serials)
         self.moved = {}
         self.drafting = True
@@ -306,12 +334,15 @@ class ARWalk:
     def _lane_bans(self) -> list[list[int]]:
         """Each lane's tokens it may not write next: the scored draft's `_banned`, and the tokens that would repeat
         an `ar_no_repeat`-gram the lane already wrote (every draft, continuations too: a 270M base loops at any
-        temperature we use), and, for a gap's first token under `ar_first_newline` False, the line breaks (an editor's
-        suggestion at a line with text never opens with an empty line, and no draft spends its budget on one)."""
+        temperature we use), and, under `ar_first_newline` False, the line breaks while the lane's draft is blank (an
+        editor's suggestion never opens with an empty line, and no draft spends its budget on one)."""
         common = self._banned() if self.scored else []
-        if self.n == 0 and not self.cfg.ar_first_newline:
-            common = [*common, *self.line_breaks]
         bans = [list(common) for _ in range(self.lanes)]
+        if not self.cfg.ar_first_newline and self.lines is not None and self._breaks:
+            blanks = self.lines.blanks
+            for k, row in enumerate(self.tokens[:, : self.n].tolist()):
+                if all(t in blanks for t in row):
+                    bans[k] += self._breaks
         n = self.cfg.ar_no_repeat
         if n and self.n >= n - 1:
             heads = self.tokens[:, self.n - n + 1 : self.n].tolist()
@@ -346,23 +377,53 @@ class ARWalk:
         self.feed_next = tok
 
     def feed(self) -> Tensor:
-        """(K,) the token each lane encodes this step."""
-        return self.feed_next
+        """(rows,) the token each active lane encodes this step."""
+        return self.feed_next if len(self.active) == self.lanes else self.feed_next[self.active]
 
     def take(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
-        """Consume this step's logits (K, V) after the fed tokens; `rows` (K,) are this walk's lanes in `batch`."""
+        """Consume this step's logits (rows, V) after the fed tokens; `rows` (rows,) are this walk's active lanes in
+        `batch`. The gap ends at its budget, or as soon as its answer is decided (`_decided`), without another step."""
         K = self.lanes
         self.n += 1
         g = self.end - self.start
-        if self.n < g and not bool(self.done.all()):
+        if self.n < g and not self._decided():
+            before, old = {lane: r for r, lane in enumerate(self.active)}, self.serial
+            full = logits
+            if len(self.active) < K:  # a finished lane samples from zeros: its draw is `<|fim_end|>` again
+                full = logits.new_zeros(K, logits.shape[-1])
+                full[self.active] = logits
+            pick = None
             every = self.cfg.ar_smc_every
             if every and K > 1 and self.n % every == 0 and self.seam is not None and len(self.seam):
                 cache, plain_rows, _ = self._plain_frame(batch, rows, logits=False)
-                logits = logits[self._resample(cache, plain_rows)]
-            self._sample(logits)
-            return
+                pick = self._resample(cache, plain_rows)
+                full = full[pick]
+            self._sample(full)
+            self._compact(before, old, pick)
+            if not self._decided():
+                return
         cache, plain_rows, plain = self._plain_frame(batch, rows, logits=True)
-        self._choose(logits if plain is None else plain, cache, plain_rows)
+        self._choose(plain if self.fim_cache is not None else logits, cache, plain_rows)
+
+    def _decided(self) -> bool:
+        """Whether the gap's answer is decided: every lane has written `<|fim_end|>`, or `EARLY_END_SHARE` of two or
+        more have (only in the FIM frame with `<null>` to pad: elsewhere no lane ends early)."""
+        ended = int(self.done.sum())
+        return ended == self.lanes or (self.lanes > 1 and ended >= math.ceil(EARLY_END_SHARE * self.lanes))
+
+    def _compact(self, before: dict[int, int], old: int, pick: Tensor | None) -> None:
+        """After a sample (and an SMC resample, `pick` (K,): each lane's source lane), give batch rows only to the
+        lanes still writing; `before`: lane -> its batch row under serial `old`. When the rows change, a new serial,
+        and `moved` tells the batch where each new row's cache is (a finished lane's never is read again)."""
+        src = list(range(self.lanes)) if pick is None else pick.tolist()
+        active = [k for k in range(self.lanes) if not bool(self.done[k])]
+        if pick is None and active == self.active:
+            return
+        if pick is None:
+            self.serial = next(_serials)
+        # A lane still writing has a source that was writing too (`done` follows the pick): it had a row.
+        self.moved = {r: (old, before[int(src[k])]) for r, k in enumerate(active)}
+        self.active = active
 
     def _plain_frame(self, batch: KVCache, rows: Tensor, *, logits: bool) -> tuple[KVCache, Tensor, Tensor | None]:
         """The lanes' drafts so far after the row's plain context: (cache, the lanes' rows in it, their next-token
@@ -395,9 +456,7 @@ class ARWalk:
         self.tokens, self.lp = self.tokens[pick], self.lp[pick]
         self.done, self.length, self.potential = self.done[pick], self.length[pick], score[pick]
         self.seen = [{h: set(t) for h, t in self.seen[int(j)].items()} for j in pick.tolist()]
-        old = self.serial
-        self.serial = next(_serials)
-        self.moved = {k: (old, int(j)) for k, j in enumerate(pick.tolist())}
+        self.serial = next(_serials)  # the lanes' batch rows follow their picks (`_compact` says where from)
         if self.shadow is not None:  # the shadow's rows follow their lanes now
             room = self.end - self.start - self.n
             self.shadow = KVCache.aligned([(self.shadow, int(j)) for j in pick.tolist()], room)
@@ -407,20 +466,22 @@ class ARWalk:
     def endings(self, lane: int) -> list[int]:
         """Draft lengths lane `lane` may end at: where its FIM middle ended, else the budget, and clause or sentence
         ends (tokens in `clause_ends`; without them, evenly spaced lengths) no shorter than `ar_min_fill` of the
-        gap, nearest the budget first."""
+        gap, nearest the budget first. A gap that ends before its budget (`_decided`) offers a lane still writing
+        only the lengths it has written (none when it is short of them all)."""
         g = self.end - self.start
         if not self.scored or self.model.config.null_token_id is None:
             return [g]
         if bool(self.done[lane]):
             return [int(self.length[lane])]
         lo = max(1, math.ceil(self.cfg.ar_min_fill * g))
+        top = min(self.n, g)  # tokens the lane has written (and fed)
         if self.clause_ends is None:
             n = self.cfg.ar_endings
             spaced = {round(lo + (g - lo) * i / max(n - 1, 1)) for i in range(n)}
-            return sorted(spaced | {g}, reverse=True)[:n]
+            return [e for e in sorted(spaced | {g}, reverse=True)[:n] if e <= top]
         toks = self.tokens[lane].tolist()
-        ends = [e for e in range(g - 1, lo - 1, -1) if toks[e - 1] in self.clause_ends]
-        return [g, *ends][: self.cfg.ar_endings]
+        ends = [e for e in range(min(g - 1, top), lo - 1, -1) if toks[e - 1] in self.clause_ends]
+        return [g, *ends][: self.cfg.ar_endings] if top == g else ends[: self.cfg.ar_endings]
 
     def candidates(self, batch: KVCache, rows: Tensor) -> list[Candidate]:
         """Every (lane, ending) with its score: the seam's log-likelihood after it (one forward over all
@@ -428,7 +489,8 @@ class ARWalk:
         draft's mean log-likelihood alone. `rows` (K,): the plain-frame rows of `batch`."""
         ends = [self.endings(k) for k in range(self.lanes)]
         E = max(len(e) for e in ends)
-        lengths = torch.tensor([e + [e[-1]] * (E - len(e)) for e in ends], device=rows.device)  # (K, E)
+        # (K, E): a lane with no ending (still writing at an early end) is padded and offers no candidate
+        lengths = torch.tensor([e + [e[-1] if e else 1] * (E - len(e)) for e in ends], device=rows.device)
         cum = torch.cumsum(self.lp, dim=1)  # (K, g)
         mean_lp = cum.gather(1, lengths - 1) / lengths  # (K, E)
         if self.seam is not None and len(self.seam):
@@ -439,9 +501,9 @@ class ARWalk:
             score = mean_lp
         return [Candidate(k, e, float(score[k, i])) for k in range(self.lanes) for i, e in enumerate(ends[k])]
 
-    def _choose(self, logits: Tensor, batch: KVCache, rows: Tensor) -> None:
+    def _choose(self, logits: Tensor | None, batch: KVCache, rows: Tensor) -> None:
         """End the gap: write the best candidate. logits (K, V) and rows (K,): the plain frame's (its next-token
-        logits after each lane's whole draft)."""
+        logits after each lane's whole draft; None when the plain frame has none, the fill is encoded again)."""
         g = self.end - self.start
         cands = self.candidates(batch, rows)
         avoid = self.avoid[self.gaps_done] if self.gaps_done < len(self.avoid) else ()
@@ -471,7 +533,7 @@ class ARWalk:
         self.drafting = False
         self.pos = self.end
         if self._needs_context(self.end):
-            if e == self.n:  # the row's plain cache holds exactly the fill: take it instead of encoding it again
+            if e == self.n and logits is not None:  # the plain cache holds exactly the fill: take, not encode, it
                 self.ctx = KVCache.aligned([(batch, int(rows[k]))], self.room)
                 self.last = logits[k]
                 self.history.extend(fill.tolist())

@@ -24,7 +24,7 @@ import numpy as np
 
 from canvas.convert.fim import WordEdges
 from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, Proposal
-from canvas.engine.ar import clause_end_ids, line_break_ids
+from canvas.engine.ar import clause_end_ids, line_tokens
 from canvas.engine.core import Engine, GenRequest
 from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB
 from canvas.model.config import ModelConfig
@@ -174,17 +174,18 @@ def load_backend(model_dir: str | Path, *, max_batch: int = 8, dtype: DtypeChoic
     bos_id, eos_id, null_id = _special_ids(tok, model.config)
     # Where an AR infill's drafts may end (canvas.engine.ar): tokens that end a clause or a sentence.
     clause_ends = clause_end_ids(tok.convert_ids_to_tokens(list(range(model.config.vocab_size))))
-    # What breaks a line before writing on it (an editor's suggestion may not open with one): each id's own text, which
-    # a byte-level vocabulary spells differently in its pieces ("Ċ").
+    # What breaks a line before writing on it, and what is only spaces (an editor's suggestion may not open with an
+    # empty line): each id's own text, which a byte-level vocabulary spells differently in its pieces ("Ċ").
     raw = tok.backend_tokenizer
-    texts = raw.decode_batch([[i] for i in range(raw.get_vocab_size(with_added_tokens=True))], skip_special_tokens=False)
+    ids = [[i] for i in range(raw.get_vocab_size(with_added_tokens=True))]
+    texts = raw.decode_batch(ids, skip_special_tokens=False)
     # Whether AR infills may prompt with the FIM format: the build applied FIM adapters (never the vocabulary alone).
     fim = model_fim_tokens(path, tok)
     edges = _padded(word_boundaries(tok), model.config.vocab_size) if fim is not None else None
     return Backend(
         name=model.config.name or path.name,
         local_engine=Engine(model, max_batch=max_batch, context_cache_mb=context_cache_mb, clause_ends=clause_ends,
-                            fim=fim, word_edges=edges, line_breaks=line_break_ids(texts)),
+                            fim=fim, word_edges=edges, lines=line_tokens(texts)),
         tokenizer=HFTokenizer(tok),
         canvas_length=model.config.canvas_length,
         bos_id=bos_id,

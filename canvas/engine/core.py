@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from canvas.convert.fim import FimTokens, Order, WordEdges
-from canvas.engine.ar import DEFAULT_FIM_ORDER, ARBatch, ARWalk
+from canvas.engine.ar import DEFAULT_FIM_ORDER, ARBatch, ARWalk, LineTokens
 from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB, MB, PrefillCancelled, PrefixCache
 from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
@@ -135,15 +135,15 @@ class Engine:
                  noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
                  clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None,
                  word_edges: WordEdges | None = None, fim_order: Order = DEFAULT_FIM_ORDER,
-                 line_breaks: frozenset[int] | None = None) -> None:
+                 lines: LineTokens | None = None) -> None:
         """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
         end after them); None spaces an AR infill's candidate endings evenly instead. `fim`: the FIM ids when the
         model has the FIM format (`canvas.convert.fim.model_fim_tokens`): AR infills then prompt with it unless a
         request's `SamplerConfig.fim` is False; None refuses requests that require it. `word_edges`: which ids start
         and end with whitespace (`canvas.convert.fim.word_boundaries`), for the FIM prompt's token healing; None
-        prompts with the left side as it is. `fim_order`: the FIM prompt's order ("psm" or "spm"). `line_breaks`: the
-        ids that break a line before writing on it (`canvas.engine.ar.line_break_ids`), which a request's
-        `SamplerConfig.ar_first_newline` False bans as an AR gap's first token; None bans none.
+        prompts with the left side as it is. `fim_order`: the FIM prompt's order ("psm" or "spm"). `lines`: the ids
+        that break a line before writing on it and those that are only spaces (`canvas.engine.ar.line_tokens`): a
+        request's `SamplerConfig.ar_first_newline` False bans the former while an AR draft is blank; None bans none.
         `context_cache_mb`: the bytes (MiB) the encoder caches of earlier
         contexts may hold (`canvas.engine.prefix_cache`; 0 keeps none); `context_cache`: one to share instead (an
         engine's `twin` shares its own)."""
@@ -173,7 +173,7 @@ class Engine:
         self.fim = fim
         self.word_edges = word_edges
         self.fim_order = fim_order
-        self.line_breaks = line_breaks
+        self.lines = lines
         self._ar = ARBatch(model)
 
     def twin(self, *, max_batch: int = 1, context_cache_mb: float | None = None) -> Engine:
@@ -184,7 +184,7 @@ class Engine:
         own = context_cache_mb is not None
         return Engine(self.model, max_batch=max_batch, context_cache_mb=context_cache_mb or 0,
                       context_cache=None if own else self.contexts, clause_ends=self.clause_ends, fim=self.fim,
-                      word_edges=self.word_edges, fim_order=self.fim_order, line_breaks=self.line_breaks)
+                      word_edges=self.word_edges, fim_order=self.fim_order, lines=self.lines)
 
     # ---- public API ------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
@@ -476,7 +476,7 @@ class Engine:
                             row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
                             clause_ends=self.clause_ends, avoid=row.req.avoid, context=row.req.context_ids,
                             fim=self.fim if row.cfg.fim is not False else None, word_edges=self.word_edges,
-                            prefix=self.contexts, fim_order=self.fim_order, line_breaks=self.line_breaks)
+                            prefix=self.contexts, fim_order=self.fim_order, lines=self.lines)
         walk = row.ar
         before = walk.forwards
         if not walk.drafting:

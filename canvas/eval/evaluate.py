@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from canvas.convert.fim import Order
 from canvas.document import Document, Proposal
 from canvas.eval.judge import SpanScore
 from canvas.eval.metrics import AR_SETTINGS, Point, Record, Variant, join_faults, pool, repeated_4grams
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from canvas.eval.judge import Judge
 
 DEFAULT_DATA = Path("data/corpus/valid.jsonl")
+FIM_ORDERS: tuple[Order, ...] = ("psm", "spm")
 Progress = Callable[[str], None]
 
 
@@ -74,6 +76,9 @@ class EvalConfig:
     fim: tuple[bool, ...] = ()  # FIM prompting on / off (the model must have the format for on)
     ar_smc_every: tuple[int, ...] = ()  # SMC resampling every N tokens (0: off)
     ar_min_p: tuple[float, ...] = ()  # drafts drop tokens under min_p times the likeliest (0: off)
+    # FIM prompt orders to compare ("psm", "spm"; an engine setting, not a sampler one): every AR variant runs once
+    # per order, the first order's rows are the headline's; empty: the engine's own order, rows unlabelled.
+    fim_order: tuple[Order, ...] = ()
     sweep_task: str = CONTINUATION  # the task the sweep runs on ("" for no sweep)
     sweep_bounds: tuple[float, ...] = (0.05, 0.1, 0.3, 1.0)
     sweep_steps: tuple[int, ...] = (8, 16, 48)
@@ -102,6 +107,8 @@ class EvalConfig:
             SamplerConfig(ar_smc_every=n)
         for m in self.ar_min_p:
             SamplerConfig(ar_min_p=m)
+        if any(o not in FIM_ORDERS for o in self.fim_order) or len(set(self.fim_order)) != len(self.fim_order):
+            raise ValueError(f"fim_order must be distinct ones of {FIM_ORDERS}, got {self.fim_order}")
         if not self.speed_scale > 0:
             raise ValueError(f"speed_scale must be > 0, got {self.speed_scale}")
         SamplerConfig(max_steps=self.max_steps, entropy_bound=self.entropy_bound)  # validates both
@@ -157,11 +164,16 @@ def check_variants(cfg: EvalConfig) -> None:
 
 class Evaluator:
     """Runs samples through a batch-1 engine without a context cache and scores them; memoises every record, so
-    the sweep reuses the main runs where the settings coincide."""
+    the sweep reuses the main runs where the settings coincide. `fim_order`: the engine's FIM prompt order (None:
+    the backend engine's)."""
 
-    def __init__(self, backend: Backend, judge: Judge, cfg: EvalConfig, progress: Progress | None = None) -> None:
+    def __init__(self, backend: Backend, judge: Judge, cfg: EvalConfig, progress: Progress | None = None,
+                 fim_order: Order | None = None) -> None:
         self.backend, self.judge, self.cfg = backend, judge, cfg
         self.engine = backend.engine.twin(max_batch=1, context_cache_mb=0)
+        if fim_order is not None:
+            self.engine.fim_order = fim_order
+        self.fim_order = fim_order
         self.progress = progress
         self._records: dict[tuple[str, Variant, int, float, int], Record] = {}
         self._human: dict[tuple[str, int], tuple[SpanScore, tuple[int, int], tuple[int, int]]] = {}
@@ -195,7 +207,7 @@ class Evaluator:
         if key in self._records:
             return self._records[key]
         if self.progress is not None:
-            self.progress(f"{sample.task} {variant.label} steps={max_steps} bound={bound} #{index}")
+            self.progress(f"{sample.task} {labelled(variant, self.fim_order)} steps={max_steps} bound={bound} #{index}")
         doc = sample.document(self.backend)
         # The model's own defaults (temperatures, gap fill, AR settings) with this point's budget, bound and variant.
         sampler = replace(self.backend.sampler_defaults, max_steps=max_steps, entropy_bound=bound,
@@ -238,6 +250,12 @@ def sweep_summary(points: Sequence[Point]) -> dict[str, Any]:
     return {"reference": asdict(ref), "best_within_10pct": asdict(best), "points": [asdict(p) for p in points]}
 
 
+def labelled(variant: Variant, order: Order | None) -> str:
+    """The variant's label, with the FIM order it ran under when the evaluation compares orders (AR only: the
+    order is the FIM prompt's)."""
+    return f"{variant.label} order={order}" if order is not None and variant.mode == "ar" else variant.label
+
+
 def default_variant(cfg: EvalConfig, mode: Mode, sampler: SamplerConfig) -> Variant | None:
     """The variant that runs as the model runs by default in `mode`: its AR settings equal to the model's (or left
     to it), else the first of that mode; None when `mode` was not run."""
@@ -256,11 +274,21 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
     check_variants(cfg)
     if True in cfg.fim and backend.engine.fim is None:
         raise EvalError(f"--fim on: {backend.name} has no fill-in-the-middle format (built without FIM adapters)")
+    if cfg.fim_order and backend.engine.fim is None:
+        raise EvalError(f"--fim-order: {backend.name} has no fill-in-the-middle format (built without FIM adapters)")
     samples = build_samples(docs, backend, cfg)
-    ev = Evaluator(backend, judge, cfg, progress)
+    first, *others = cfg.fim_order or (None,)
+    ev = Evaluator(backend, judge, cfg, progress, first)
     ev.warm_up(samples[cfg.tasks[0]][0])
-    main = {(task, v): ev.point(samples[task], v, cfg.max_steps, cfg.entropy_bound)
-            for v in cfg.variants for task in cfg.tasks}  # fmt: skip
+
+    def run_point(e: Evaluator, task: str, v: Variant) -> Point:
+        p = e.point(samples[task], v, cfg.max_steps, cfg.entropy_bound)
+        return replace(p, variant=labelled(v, e.fim_order))
+
+    main = {(task, v): run_point(ev, task, v) for v in cfg.variants for task in cfg.tasks}
+    # The other FIM orders: their AR rows only (diffusion never reads the order), beside the first order's.
+    more = [Evaluator(backend, judge, cfg, progress, order) for order in others]
+    extra = [run_point(e, task, v) for e in more for v in cfg.variants if v.mode == "ar" for task in cfg.tasks]
     sweep: dict[str, Any] | None = None
     if cfg.sweeping:
         subset = samples[cfg.sweep_task][: cfg.sweep_samples]
@@ -284,7 +312,7 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
     inf = pooled(True, shown["infill"])
     cont = main.get((CONTINUATION, shown["continuation"])) or _unmeasured(inf)
     result |= {
-        "headline_variants": {k: v.label for k, v in shown.items()},
+        "headline_variants": {k: labelled(v, first) for k, v in shown.items()},
         "judge_ppl_ratio_infill": inf.ratio,
         "fill_ratio_infill": inf.fill_ratio,
         "seam_ratio_infill": inf.seam_ratio,
@@ -300,14 +328,16 @@ def evaluate(backend: Backend, judge: Judge, docs: Sequence[tuple[str, str]], cf
             result[f"judge_ppl_ratio_infill{suffix}"] = pooled(True, v).ratio
             if cfg.continuation:
                 result[f"judge_ppl_ratio_continuation{suffix}"] = main[(CONTINUATION, v)].ratio
-    result["results"] = [asdict(p) for p in main.values()]
+    result["results"] = [asdict(p) for p in (*main.values(), *extra)]
     result["headline"] = headline(result["results"], result["headline_variants"])
     result["sweep"] = sweep
     result["targets"] = targets(result, cfg.speed_scale)
     result["config"] = asdict(cfg)
     result["canvas_length"] = backend.canvas_length
     result["examples"] = examples(ev.records, samples, cfg)
-    result["records"] = [{k: v for k, v in asdict(r).items() if k != "text"} for r in ev.records]
+    result["records"] = [{**{k: v for k, v in asdict(r).items() if k != "text"},
+                          "fim_order": e.fim_order if r.mode == "ar" else None}
+                         for e in (ev, *more) for r in e.records]  # fmt: skip
     result["wall_s"] = time.perf_counter() - t0
     return result
 
@@ -359,6 +389,14 @@ def _switches(value: str) -> tuple[bool, ...]:
     return tuple(bool(v) for v in out)
 
 
+def _orders(value: str) -> tuple[str, ...]:
+    orders = tuple(v.strip().lower() for v in value.split(",") if v.strip())
+    if not orders or any(o not in FIM_ORDERS for o in orders) or len(set(orders)) != len(orders):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated FIM orders of {', '.join(FIM_ORDERS)}, "
+                                         f"got {value!r}")
+    return orders
+
+
 def _modes(value: str) -> tuple[str, ...]:
     modes = tuple(v.strip() for v in value.split(",") if v.strip())
     if not modes or any(m not in MODES for m in modes):
@@ -405,6 +443,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "model's setting)")  # fmt: skip
     parser.add_argument("--ar-min-p", dest="ar_min_p", type=_floats, default=None,
                         help="AR draft min-p cut-offs to compare, 0 for off (default: the model's setting)")
+    parser.add_argument("--fim-order", dest="fim_order", type=_orders, default=None,
+                        help="FIM prompt orders to compare, psm,spm (each AR variant once per order; the first "
+                             "order's rows are the headline's; default: the engine's order)")  # fmt: skip
     parser.add_argument(
         "--sweep-samples",
         dest="sweep_samples",
@@ -445,7 +486,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 _OVERRIDES = ("samples", "seed", "gaps", "sweep_samples", "sweep_task", "sweep_bounds", "sweep_steps", "modes",
               "ar_drafts", "ar_seam_tokens", "ar_temperature", "fim", "ar_smc_every", "ar_min_p", "chunks_per_doc",
-              "speed_scale", "examples")  # fmt: skip
+              "speed_scale", "examples", "fim_order")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -94,8 +94,9 @@ class SamplerConfig:
     ar_top_p: float = 1.0
     ar_min_p: float = 0.0
     # AR mode, per request: False bans the tokens that break the line before writing on it (a newline with at most
-    # whitespace before it, from the tokenizer) as a gap's first token. An editor's suggestion at a cursor line that
-    # has text then never starts with an empty line (`canvas.server.http.llama_infill`); never a model default.
+    # whitespace before it, from the tokenizer: `canvas.engine.ar.line_tokens`) while a gap's draft is blank (its
+    # first token, or after spaces only). An editor's suggestion then never starts with an empty line
+    # (`canvas.server.http.endings`); never a model default.
     ar_first_newline: bool = True
 
     def __post_init__(self) -> None:

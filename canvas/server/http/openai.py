@@ -35,6 +35,7 @@ from starlette.routing import BaseRoute, Route
 
 from canvas.sampling.sampler import Mode
 from canvas.server.http.core import ClientGone, HttpApi, Refusal, sse
+from canvas.server.http.endings import suggestion_endings
 from canvas.server.http.llama_fields import (
     REFUSED,
     Deadline,
@@ -228,6 +229,10 @@ def _task(api: HttpApi, req: _Common, prompt: str, suffix: str | None, max_token
                                 mode=api.backend.mode_for(ext.mode, "infill" if infill else "continuation"))
     except ValueError as e:
         raise Refusal(400, str(e)) from None
+    if infill:  # an editor's FIM request: it ends where the text after it takes over, as /infill's do
+        ends = suggestion_endings(prompt, suffix or "", config, n_indent=req.n_indent)
+        return TextTask(prompt, suffix, max_tokens, ends.config, llama_seed(req.seed), req.n,
+                        _stops(req.stop) + extra_stops, ends.cut, ends.join)
     cut = indent_rule(req.n_indent) if req.n_indent > 0 else None
     return TextTask(prompt, suffix, max_tokens, config, llama_seed(req.seed), req.n, _stops(req.stop) + extra_stops,
                     cut)

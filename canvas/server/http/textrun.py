@@ -15,7 +15,8 @@ choice's `TextReader` and yields:
 A canvas is final when the engine commits it: a frame of a later canvas means the previous canvas is committed,
 and it is the draft of that canvas's last frame (the engine always emits the frame of the step that stops a
 canvas, and commits exactly that argmax); the last canvases come from `Done`. A choice ended early (a stop
-sequence, `settle`) has its engine generation cancelled; `close()` cancels whatever is still running, which is what
+sequence, `settle`, or an AR row whose drafts have all reached their end: `endings.early_end`) has its engine
+generation cancelled; `close()` cancels whatever is still running, which is what
 a client that goes away triggers. However a choice ends, its text holds only what the model wrote (`TextReader`):
 a settled draft is read up to its first unwritten slot and cut back to a word, and deltas never run ahead of what
 a later cut could take back.

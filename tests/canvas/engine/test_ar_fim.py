@@ -110,7 +110,8 @@ def test_the_seam_is_scored_in_the_plain_frame(model: DiffusionModel, monkeypatc
 
 def test_fim_end_ends_a_draft_and_nulls_pad_the_gap(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model that always wants `<|fim_end|>`: every lane ends at the shortest fill allowed, the gap ends early
-    (one step per token, one for the end), `<null>` pads the rest and no sentinel reaches the canvas."""
+    (one step per token: the step whose logits end the lanes ends the gap), `<null>` pads the rest and no sentinel
+    reaches the canvas."""
     real = DiffusionModel.encode
 
     def ending(self: DiffusionModel, ids: torch.Tensor, *a: object, **kw: object) -> object:
@@ -126,7 +127,7 @@ def test_fim_end_ends_a_draft_and_nulls_pad_the_gap(model: DiffusionModel, monke
     fill = done.canvases[0][2 : 2 + gap]
     assert fill[4:] == (NULL,) * (gap - 4) and NULL not in fill[:4]
     assert not set(fill) & {*FIM.sentinels, FIM.bos}
-    assert done.generated == 4 and done.steps == 5
+    assert done.generated == 4 and done.steps == 4
 
 
 def test_fim_switch(model: DiffusionModel) -> None:
@@ -196,3 +197,60 @@ def test_smc_settings_are_checked() -> None:
     for bad in ({"ar_smc_every": -1}, {"ar_smc_every": 2.5}, {"ar_smc_temperature": 0.0}, {"fim": 1}):
         with pytest.raises(ValueError):
             SamplerConfig(**bad)  # type: ignore[arg-type]
+
+
+def lanes_ending_in_turn(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A model whose first batch row wants `<|fim_end|>` at every drafting step (an encode of (B, 1) tokens): once
+    `ar_min_fill` allows it, one lane ends a step, the one in the first row. Returns each step's batch rows."""
+    real = DiffusionModel.encode
+    rows: list[int] = []
+
+    def first_row_ends(self: DiffusionModel, ids: torch.Tensor, *a: object, **kw: object) -> object:
+        logits, cache = real(self, ids, *a, **kw)  # type: ignore[arg-type]
+        if ids.shape[1] == 1 and logits is not None:
+            rows.append(ids.shape[0])
+            logits[0, :, FIM.end] += 100.0
+        return logits, cache
+
+    monkeypatch.setattr(DiffusionModel, "encode", first_row_ends)
+    return rows
+
+
+@pytest.mark.parametrize(("share", "steps"), [(0.5, 4), (1.0, 6)])
+def test_finished_lanes_leave_the_batch_and_a_decided_gap_ends_early(
+        model: DiffusionModel, monkeypatch: pytest.MonkeyPatch, share: float, steps: int) -> None:  # fmt: skip
+    """4 lanes, a 12-token gap, `<|fim_end|>` allowed from the 3rd token: the lanes end at 3, 4, 5, 6 tokens. A lane
+    that has ended takes no batch row from the next step on (4, 4, 4, 3, ... rows); the gap ends in the step where
+    `EARLY_END_SHARE` of the lanes have ended (half: 4 steps, all: 6), long before its budget, and a lane still
+    writing offers only lengths it has written. The same seed gives the same canvas."""
+    monkeypatch.setattr(engine_ar, "EARLY_END_SHARE", share)
+    rows = lanes_ending_in_turn(monkeypatch)
+    seen = recording(monkeypatch)
+    gap, K = 12, 4
+    req = infill((2, 5), 2, gap, 3, ar_drafts=K, ar_seam_tokens=2, ar_temperature=0.8, seed=1, ar_min_fill=0.25)
+    (done,), _ = run(Engine(model, fim=FIM), [req])
+    assert done.steps == steps < gap
+    assert rows == [4, 4, 4, 3, 2, 1][:steps]  # the step in which a lane ends still reads its row
+    assert sum(rows) < K * steps
+    (tokens, cands), = seen
+    assert max(c.length for c in cands) <= steps and {c.lane for c in cands} >= {0, 1}
+    assert [c.length for c in cands if c.lane < 2] == [3, 4]
+    fill = done.canvases[0][2 : 2 + gap]
+    e = next((i for i, t in enumerate(fill) if t == NULL), gap)
+    assert 3 <= e <= steps and fill[e:] == (NULL,) * (gap - e) and not set(fill) & {*FIM.sentinels, FIM.bos}
+    (again,), _ = run(Engine(model, fim=FIM), [req])
+    assert again.canvases == done.canvases
+
+
+def test_smc_with_finished_lanes_keeps_rows_with_their_lanes(model: DiffusionModel,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """SMC resampling while lanes have ended: the batch rows follow the lanes still writing (the result is the same
+    run alone and batched with another row, whose lanes share the batch)."""
+    monkeypatch.setattr(engine_ar, "EARLY_END_SHARE", 1.0)
+    lanes_ending_in_turn(monkeypatch)
+    req = infill((2, 5), 2, 12, 3, ar_drafts=4, ar_seam_tokens=2, ar_temperature=0.9, seed=2, ar_min_fill=0.25,
+                 ar_smc_every=2)
+    other = infill((3,), 1, 6, 2, slot_seed=5, ar_drafts=1, ar_temperature=0.9, seed=4)
+    (alone,), _ = run(Engine(model, fim=FIM), [req])
+    (first, _), _ = run(Engine(model, fim=FIM, max_batch=2), [req, other])
+    assert alone.canvases == first.canvases

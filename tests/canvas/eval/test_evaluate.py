@@ -516,6 +516,41 @@ def test_an_infill_only_comparison_of_ar_settings(backend: Backend, judge: Judge
         evaluate(backend, judge, docs, dataclasses.replace(cfg, ar_smc_every=(), fim=(True, False)))
 
 
+def test_fim_orders_are_compared_row_by_row(backend: Backend, judge: Judge, docs: list[tuple[str, str]],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """--fim-order psm,spm: each AR variant runs once per order, its FIM prompts in that order, its rows and records
+    labelled with it, the first order's rows the headline's; diffusion never runs twice. A model without the FIM
+    format refuses it, as it refuses --fim on; a bad order is a config error."""
+    import canvas.engine.ar as engine_ar
+    from canvas.convert.fim import FimTokens
+
+    cfg = dataclasses.replace(PRESETS["tiny"], samples=1, sweep_task="", continuation=False,
+                              modes=("diffusion", "ar"), gaps=(4,), ar_drafts=(2,), fim_order=("spm", "psm"))
+    with pytest.raises(EvalError, match="fim-order"):
+        evaluate(backend, judge, docs, cfg)
+    # The tiny checkpoint has no FIM sentinels: four ids of its vocabulary stand for them.
+    monkeypatch.setattr(backend.engine, "fim", FimTokens(prefix=6, suffix=7, middle=8, end=9, bos=2, pad=0, eos=1))
+    orders: list[str] = []
+    real = engine_ar.fim_prompt
+
+    def recorded(ids: Any, left: Any, right: Any, order: Any = "psm") -> list[int]:
+        orders.append(order)
+        return real(ids, left, right, order)
+
+    monkeypatch.setattr(engine_ar, "fim_prompt", recorded)
+    result = evaluate(backend, judge, docs, cfg)
+    assert [p["variant"] for p in result["results"]] == ["diffusion", "ar K=2 order=spm", "ar K=2 order=psm"]
+    assert orders and orders[: len(orders) // 2] == ["spm"] * (len(orders) // 2)
+    assert orders[len(orders) // 2 :] == ["psm"] * (len(orders) // 2)
+    assert result["headline_variants"]["infill"] in ("diffusion", "ar K=2 order=spm")
+    ran = sorted(((r["mode"], r["fim_order"]) for r in result["records"]), key=str)
+    assert ran == [("ar", "psm"), ("ar", "spm"), ("diffusion", None)]  # diffusion never reads the order
+    json.dumps(result)
+    for bad in (("pms",), ("psm", "psm")):
+        with pytest.raises(ValueError, match="fim_order"):
+            dataclasses.replace(cfg, fim_order=bad)  # type: ignore[arg-type]
+
+
 def test_read_texts(tmp_path: Path) -> None:
     lines = tmp_path / "news.jsonl"
     lines.write_text('{"id": "a", "text": "First."}\n\n{"text": "Second."}\n', encoding="utf-8")
@@ -630,7 +665,7 @@ def test_cli_json_and_errors(model_dir: Path, judge_dir: Path, docs: list[tuple[
     assert set(modes) == {"default_mode_infill", "default_mode_continuation"}
     assert load_mode_defaults(copy) == ModeDefaults(modes["default_mode_infill"], modes["default_mode_continuation"])
     assert "ar_temperature" in json.loads((copy / EXTRA_FILE).read_text())  # the sampler's extra settings kept
-    for bad in (["--modes", "beam"], ["--data", str(data), "--texts", str(texts)]):
+    for bad in (["--modes", "beam"], ["--data", str(data), "--texts", str(texts)], ["--fim-order", "psm,fim"]):
         with pytest.raises(SystemExit):
             main([*common, *bad])
     assert "modes" in capsys.readouterr().err
