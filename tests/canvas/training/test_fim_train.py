@@ -342,6 +342,7 @@ def test_a_base_with_the_fim_adapters_merged_is_refused(tmp_path: Path) -> None:
     require_plain_base(tmp_path / "no-such-build")  # not a build at all: the loader says what is wrong
 
 
+@pytest.mark.slow  # three short runs of the trainer, each evaluating: minutes on 2 cores
 def test_a_new_run_starts_from_another_runs_adapters(fim_base: dict[str, Path], tmp_path: Path) -> None:
     from canvas.cli import main
 
