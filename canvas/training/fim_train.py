@@ -23,7 +23,6 @@ drift itself; with the original Gemma 3, what the conversion and the trimming co
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import time
@@ -42,7 +41,7 @@ from canvas.convert.fim import SENTINELS, recorded_fim_adapters
 from canvas.model import DiffusionModel
 from canvas.training.adapt import LoRA, _owner
 from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
-from canvas.training.train import save_checkpoint
+from canvas.training.train import save_checkpoint, write_curve
 
 # Attention (reading the suffix across the sentinels is attention's work) and the MLP's output projection (a write
 # path into the residual stream); the MLP's gate/up, the largest matrix (4096 x 640), is left out: rank 8 on it
@@ -439,13 +438,7 @@ class FimTrainer:
         return True
 
     def write_curve(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "loss.json").write_text(json.dumps(self.state.history, indent=1) + "\n", encoding="utf-8")
-        keys = sorted({k for row in self.state.history for k in row}, key=lambda k: (k != "step", k))
-        with (self.run_dir / "loss.csv").open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(self.state.history)
+        write_curve(self.run_dir, self.state.history)
 
     # ---- steps ------------------------------------------------------------------------------------------------
     def autocast(self) -> torch.autocast:

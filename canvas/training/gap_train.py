@@ -13,7 +13,6 @@ from the teacher `valid_kl`. `export_gap_adapters` writes the set `decoder_adapt
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import time
@@ -35,7 +34,7 @@ from canvas.training.decoder_adapt import (
 )
 from canvas.training.gap_data import GapBatch, GapDataConfig, sample_gap_batch
 from canvas.training.gap_denoise import GapObjectiveConfig, gap_losses
-from canvas.training.train import save_checkpoint
+from canvas.training.train import save_checkpoint, write_curve
 
 TRAIN_STREAM = 0
 EVAL_GAPS = (8, 16, 32)  # the gap sizes; each its own fixed validation stream
@@ -181,13 +180,7 @@ class GapTrainer:
         return True
 
     def write_curve(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "loss.json").write_text(json.dumps(self.state.history, indent=1) + "\n", encoding="utf-8")
-        keys = sorted({k for row in self.state.history for k in row}, key=lambda k: (k != "step", k))
-        with (self.run_dir / "loss.csv").open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(self.state.history)
+        write_curve(self.run_dir, self.state.history)
 
     # ---- steps ------------------------------------------------------------------------------------------------
     def autocast(self) -> torch.autocast:

@@ -136,6 +136,17 @@ class TrainConfig:
         return self.lr * (1 - frac * (1 - self.min_lr_frac))
 
 
+def write_curve(run_dir: Path, history: list[dict[str, Any]]) -> None:
+    """A run's logged rows as `loss.json` and `loss.csv` (the step first, then every key any row has)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "loss.json").write_text(json.dumps(history, indent=1) + "\n", encoding="utf-8")
+    keys = sorted({k for row in history for k in row}, key=lambda k: (k != "step", k))
+    with (run_dir / "loss.csv").open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(history)
+
+
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
     """Write `payload` to `path` atomically (a temporary file renamed in), the previous checkpoint kept beside it as
     `checkpoint.prev.pt`: a run killed mid-write resumes from one or the other, never from half a file."""
@@ -300,13 +311,7 @@ class Trainer:
         return self.model.state_dict()
 
     def write_curve(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "loss.json").write_text(json.dumps(self.state.history, indent=1) + "\n", encoding="utf-8")
-        keys = sorted({k for row in self.state.history for k in row}, key=lambda k: (k != "step", k))
-        with (self.run_dir / "loss.csv").open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(self.state.history)
+        write_curve(self.run_dir, self.state.history)
 
     # ---- steps ------------------------------------------------------------------------------------------------
     def autocast(self) -> torch.autocast:
