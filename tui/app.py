@@ -113,13 +113,13 @@ class DcanvasApp(App[int]):
     def _on_state(self, state: DocState) -> None:
         self._main.on_state(state)
 
-    async def _server_url(self) -> str | None:
+    async def _server_url(self, lost: str | None) -> str | None:
         if self.server_url is not None:
             return self.server_url
         assert self.embedded is not None
         if self.embedded.alive:
             return self.embedded.url
-        self._tell(Connecting("Starting the embedded server (loading the model)"))
+        self._tell(Connecting("Starting the embedded server (loading the model)", lost))
         try:
             return await asyncio.to_thread(self.embedded.start)
         except EmbeddedServerError as e:
@@ -129,11 +129,12 @@ class DcanvasApp(App[int]):
     @work(exclusive=True, group="connection", exit_on_error=False)
     async def keep_connected(self) -> None:
         attempt = 0
+        lost: str | None = None  # why the last connection dropped, until the next one is made
         while True:
-            url = await self._server_url()
+            url = await self._server_url(lost)
             if url is None:
                 return
-            self._tell(Connecting(f"Connecting to {url}"))
+            self._tell(Connecting(f"Connecting to {url}", lost))
             try:
                 client = await DcanvasClient.connect(
                     url, token=self.token, client_name="dcanvas-tui", on_state=self._on_state, open_timeout=5
@@ -150,6 +151,7 @@ class DcanvasApp(App[int]):
             attempt = 0
             self.client = client
             assert client.welcome is not None  # connect() completed the handshake
+            lost = None
             self._tell(Connected(url, client.welcome))
             try:
                 while not client.closed:
@@ -163,7 +165,8 @@ class DcanvasApp(App[int]):
                 if self.client is client:
                     self.client = None
             delay = RETRY_S[0]
-            self._tell(Disconnected(f"Lost the connection to the server ({why})", delay))
+            lost = f"Lost the connection to the server ({why})"
+            self._tell(Disconnected(lost, delay))
             await asyncio.sleep(delay)
 
     # -- app actions ---------------------------------------------------------------------------------------------

@@ -5,13 +5,17 @@ memory: the file on disk is the editor's truth, not the server's store), so that
 editor. `LocalServer` serves `--model DIR`, else `canvas.convert.resolve`'s choice, turns every way starting can
 fail into an `EmbeddedServerError` whose message says what to do, and can tell whether the server still answers.
 
-`start()` blocks while the model loads: the app calls it from a thread (`asyncio.to_thread`).
+`start()` blocks while the model loads: the app calls it from a thread (`asyncio.to_thread`). `start()` and `stop()`
+hold one lock, as they run on different threads (the app's reconnect loop starts a server as soon as it sees the old
+one gone, while whoever stopped it may still be waiting for it to shut down): a start waits for a stop under way to
+finish, so two servers never hold a model at once and the editor never reconnects before the old server is gone.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +34,7 @@ class LocalServer:
     def __init__(self, model_dir: str | Path | None = None) -> None:
         self.model_dir = None if model_dir is None else str(model_dir)
         self._server: EmbeddedServer | None = None
+        self._lock = threading.RLock()  # start and stop, each whole (see the module docstring)
 
     @property
     def url(self) -> str:
@@ -40,16 +45,21 @@ class LocalServer:
     @property
     def alive(self) -> bool:
         """The server was started, not stopped, and accepts connections."""
-        if self._server is None:
+        server = self._server  # read once: a stop on another thread may clear it
+        if server is None:
             return False
         try:
-            with socket.create_connection(("127.0.0.1", self._server.port), timeout=0.5):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=0.5):
                 return True
         except OSError:
             return False
 
     def start(self) -> str:
         """Start a server (a fresh one if a previous one died) and return its websocket URL."""
+        with self._lock:
+            return self._start()
+
+    def _start(self) -> str:
         from canvas.convert.resolve import ModelUnavailable, resolve_model
         from canvas.server.embedded import EmbeddedServer
 
@@ -76,6 +86,7 @@ class LocalServer:
         return server.url
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        with self._lock:
+            server, self._server = self._server, None
+            if server is not None:
+                server.stop()

@@ -19,9 +19,12 @@ from tui.textfile import TextFile
 
 @dataclass
 class Connecting(Message, bubble=False):
-    """A connection attempt (or the embedded server's start) is under way."""
+    """A connection attempt (or the embedded server's start) is under way. `lost`: why the previous connection
+    dropped, when this attempt follows a loss (it stays on screen until the editor is connected again, so a quick
+    reconnect cannot hide that the connection was lost)."""
 
     detail: str
+    lost: str | None = None
 
 
 @dataclass

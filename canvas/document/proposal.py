@@ -1,4 +1,4 @@
-"""Turning a generated canvas into the text of each free region, the character diff of a proposal, and the JSON
+"""Turning a generated canvas into the text of each free region, the word diff of a proposal, and the JSON
 form of a proposal (`proposal_to_json` / `proposal_from_json`, so that a pending one outlives a server restart).
 
 Null (gap) tokens are dropped wherever they appear in a region, so an infill can come out shorter than its gap
@@ -12,6 +12,7 @@ after them, and the document would hold text its tokens do not decode to.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,11 +46,19 @@ def region_atoms(
     return atoms
 
 
-def char_diff(old: str, new: str) -> tuple[DiffChunk, ...]:
-    """Character diff of `old` -> `new` as equal/delete/insert chunks (a replacement is a delete then an insert)."""
+# Words, runs of spaces and single other characters: the units a proposal's diff replaces whole. A character diff of
+# prose interleaves the letters of the old and the new word ("watched" -> "and" reads "wandtched" without colour).
+_WORD = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def word_diff(old: str, new: str) -> tuple[DiffChunk, ...]:
+    """Diff of `old` -> `new` in whole words (`_WORD`), as equal/delete/insert chunks (a replacement is a delete then
+    an insert); the deleted and equal chunks join to `old`, the inserted and equal ones to `new`."""
+    a, b = _WORD.findall(old), _WORD.findall(new)
     chunks: list[DiffChunk] = []
 
-    def add(op: DiffOp, text: str) -> None:
+    def add(op: DiffOp, parts: list[str]) -> None:
+        text = "".join(parts)
         if not text:
             return
         if chunks and chunks[-1].op == op:
@@ -57,13 +66,12 @@ def char_diff(old: str, new: str) -> tuple[DiffChunk, ...]:
         else:
             chunks.append(DiffChunk(op, text))
 
-    # autojunk off: its popularity heuristic would treat frequent characters (spaces) as junk on long texts.
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
-            add("equal", old[i1:i2])
+            add("equal", a[i1:i2])
         else:
-            add("delete", old[i1:i2])
-            add("insert", new[j1:j2])
+            add("delete", a[i1:i2])
+            add("insert", b[j1:j2])
     return tuple(chunks)
 
 
@@ -76,7 +84,7 @@ def build_proposal(doc_id: str, version: int, text: str, edits: Sequence[RegionE
         pos = e.char_end
     new_text = "".join(pieces) + text[pos:end]
     old_text = text[start:end]
-    return Proposal(doc_id, version, tuple(edits), start, end, old_text, new_text, char_diff(old_text, new_text))
+    return Proposal(doc_id, version, tuple(edits), start, end, old_text, new_text, word_diff(old_text, new_text))
 
 
 def proposal_to_json(p: Proposal) -> dict[str, Any]:

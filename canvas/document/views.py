@@ -82,7 +82,8 @@ class CanvasView:
 
 @dataclass(frozen=True, slots=True)
 class DiffChunk:
-    """One piece of a character diff: `equal` text is in both, `delete` only in the old, `insert` only in the new."""
+    """One piece of a proposal's diff (in whole words, `canvas.document.proposal.word_diff`): `equal` text is in both,
+    `delete` only in the old, `insert` only in the new."""
 
     op: DiffOp
     text: str

@@ -124,7 +124,10 @@ class MainScreen(GenerationScreen):
 
     @on(Connecting)
     def _connecting(self, msg: Connecting) -> None:
-        self.query_one(Banner).show(f"{msg.detail}…", "info")
+        if msg.lost is None:
+            self.query_one(Banner).show(f"{msg.detail}…", "info")
+        else:
+            self.query_one(Banner).show(f"⚠ {msg.lost}. {msg.detail}… You can keep editing and saving.", "error")
         self.set_run(connection="starting")
         self.update_status()
 
