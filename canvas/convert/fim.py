@@ -16,11 +16,16 @@ ends and every middle starts with a new word. A gap in the editor starts whereve
 whose prefix ends in the middle of a word, or after a full stop the middle must follow with a space, is one the
 adapters never saw: its first middle token is a guess at which of the two the writer meant ("night.The", "exer
 cable"). `heal_split` moves the left side's last partial word out of the prefix and into the start of the middle
-(token healing), where the model reads it as text and continues it as text.
+(token healing), where the model reads it as text and continues it as text. Where the caller knows where the
+writer's word starts (an editor's cursor line: "would n", or "would " with the space typed), it takes that partial
+word out of the prompt instead, so the prefix ends at a word end, and `LeadTokens` constrains the middle's first
+tokens to write it again in the model's own tokens (" n" then "ounced" is a split the tokenizer never makes;
+" never" is one token); the caller drops the lead from the answer.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,3 +153,58 @@ def heal_split(left: Sequence[int], starts_word: np.ndarray, ends_word: np.ndarr
         if j > 0 and (starts_word[left[j]] or ends_word[left[j - 1]]):
             return n - j
     return 0
+
+
+MAX_LEAD = 32  # characters of a writer's partial word a suggestion may be made to start with (`LeadTokens`)
+
+
+class LeadTokens:
+    """Token healing by constraint: the ids a text may start with when it must begin with `lead`, the writer's
+    partial word (" applie") or the space typed before the next word (" "), taken out of the prompt so that the
+    prompt ends where a word ends, as every prefix the fine-tune saw did, and written again by the model in its own
+    tokens (" applied", one token, where the prompt would otherwise hold " app" "lie" and ask for "d").
+
+    `allowed(rest)`: the ids whose text starts with `rest` and goes on past it (never into more whitespace after a
+    typed space: " " then "  the" would double it), or equals a `rest` that is not only whitespace, or is a shorter
+    start of `rest` that is not only whitespace (" app" of " applie": the next token continues from "lie"). A lone
+    space is never allowed for a typed space: the word after it would then start without one, a split the tokenizer
+    never makes. Built once per tokenizer from each id's text (`texts[id]`, the id decoded alone)."""
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self.texts = tuple(texts)
+        self._cache: dict[str, np.ndarray] = {}  # rest -> allowed ids: a writer types the same leads again
+        order = sorted(range(len(texts)), key=lambda i: texts[i])
+        self._sorted = [texts[i] for i in order]
+        self._ids = np.asarray(order, dtype=np.int64)
+        self._exact: dict[str, list[int]] = {}
+        for i, t in enumerate(texts):
+            if t:
+                self._exact.setdefault(t, []).append(i)
+        self.allowed(" ")  # the most common lead (a space typed after a word) and the widest: read once, here
+
+    def allowed(self, rest: str) -> np.ndarray:
+        """The ids (sorted int64) a text that must start with `rest` may start with; empty for an empty `rest`."""
+        if not rest:
+            return np.zeros(0, dtype=np.int64)
+        if (hit := self._cache.get(rest)) is not None:
+            return hit
+        if len(self._cache) >= 256:
+            self._cache.pop(next(iter(self._cache)))
+        found = self._cache[rest] = self._allowed(rest)
+        return found
+
+    def _allowed(self, rest: str) -> np.ndarray:
+        lo = bisect.bisect_left(self._sorted, rest)
+        hi = bisect.bisect_left(self._sorted, rest + "\U0010ffff", lo)  # every text that starts with `rest`
+        n, spaced, blank = len(rest), rest[-1].isspace(), rest.isspace()
+        keep = [not blank if len(t) == n else not (spaced and t[n].isspace()) for t in self._sorted[lo:hi]]
+        out = [self._ids[lo:hi][np.asarray(keep, dtype=bool)]] if keep else []
+        heads = [i for k in range(1, n) if not rest[:k].isspace() for i in self._exact.get(rest[:k], ())]
+        out.append(np.asarray(heads, dtype=np.int64))
+        return np.unique(np.concatenate(out))
+
+
+def lead_rest(rest: str, token_text: str) -> str:
+    """What of `rest` (the part of a lead not yet written) is left after a token whose text is `token_text` (one
+    `LeadTokens.allowed` gave): "" once the token covers it."""
+    return rest[len(token_text) :] if rest.startswith(token_text) and len(token_text) < len(rest) else ""

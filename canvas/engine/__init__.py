@@ -6,8 +6,9 @@ mode: batched drafts, each cut at clause ends and scored by the text after the g
 `prefix_cache` (`PrefixCache`: encoder caches reused by the longest common prefix of token ids, so that an editor
 that resends its context on every keystroke pays only for what changed), `generate` (static-batch generation that
 reproduces transformers' `generate` token for token), `backend` (a model directory loaded into an `Engine` with its
-tokenizer, special ids and defaults; the tiny random checkpoint the tests serve), `generate_cli` (`dcanvas
-generate`).
+tokenizer, special ids and defaults; the tiny random checkpoint the tests serve), `decoder_weights` (a gap
+denoiser's decoder-only adapters as served, and the shifted head that reads slot i from hidden state i - 1),
+`generate_cli` (`dcanvas generate`).
 
 It imports the model, the sampler, the document (a prompt's tokens), `canvas.convert` (which model to load, the FIM
 prompt) and `kernels` (the AR draw on the CPU), never the server or the UI. The server and its HTTP dialects, the

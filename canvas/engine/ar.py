@@ -34,7 +34,10 @@ weighed, and the K lanes are resampled (multinomial, the row's generator) at `ar
 follow them at the next batch step (`ARWalk.moved`).
 
 Under `SamplerConfig.ar_first_newline` False (an editor's suggestion), no lane breaks its line while its draft is blank
-(`line_tokens`, read from the tokenizer's texts): the suggestion never opens with an empty line.
+(`line_tokens`, read from the tokenizer's texts): the suggestion never opens with an empty line. Under
+`SamplerConfig.ar_lead` (the writer's partial word, which the caller took out of the left side), the first gap's
+lanes start by writing it again, each token one `LineTokens.lead` allows (`canvas.convert.fim.LeadTokens`), and the
+FIM prompt is not healed: its left side already ends where a word ends.
 
 Legend: K lanes of one row, B lanes of all rows, g gap slots, E endings per lane, S seam tokens, V vocabulary.
 """
@@ -45,12 +48,22 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from canvas.convert.fim import MAX_PREFIX, MAX_SUFFIX, FimTokens, Order, WordEdges, fim_prompt, heal_split
+from canvas.convert.fim import (
+    MAX_PREFIX,
+    MAX_SUFFIX,
+    FimTokens,
+    LeadTokens,
+    Order,
+    WordEdges,
+    fim_prompt,
+    heal_split,
+    lead_rest,
+)
 from canvas.engine.prefix_cache import PrefixCache
 from canvas.engine.types import Drafts
 from canvas.model import DiffusionModel, KVCache
@@ -90,25 +103,29 @@ def clause_end_ids(pieces: Sequence[str]) -> frozenset[int]:
 class LineTokens:
     """A tokenizer's ids that break a line before writing on it (a newline or carriage return with nothing but spaces
     or tabs before it in the token) and those that are only spaces or tabs: under `SamplerConfig.ar_first_newline`
-    False a draft may not break its line while its text is still blank."""
+    False a draft may not break its line while its text is still blank. `lead`: the ids a draft may start with when
+    it must begin with `SamplerConfig.ar_lead` (None: no texts to read them from)."""
 
     breaks: frozenset[int]
     blanks: frozenset[int]
+    lead: LeadTokens | None = field(default=None, compare=False)
 
 
 def line_tokens(texts: Sequence[str]) -> LineTokens:
     """`LineTokens` from each id's token text (`texts[id]`: the id decoded alone, or its SentencePiece piece)."""
     breaks: set[int] = set()
     blanks: set[int] = set()
+    plain: list[str] = []
     for i, piece in enumerate(texts):
         text = (piece or "").replace("\u2581", " ")
         for byte, char in _BYTE_TOKENS.items():
             text = text.replace(byte, char)
+        plain.append(text)
         head, *rest = re.split("[\r\n]", text, maxsplit=1)
         if not text or head.strip(" \t"):
             continue
         (breaks if rest else blanks).add(i)
-    return LineTokens(frozenset(breaks), frozenset(blanks))
+    return LineTokens(frozenset(breaks), frozenset(blanks), LeadTokens(plain))
 
 
 def draw(logits: Tensor, bans: Sequence[Sequence[int]], temperature: float, cfg: SamplerConfig,
@@ -189,6 +206,7 @@ class ARWalk:
         self.done = self.length = self.potential = torch.empty(0)
         self.seen: list[dict[tuple[int, ...], set[int]]] = []  # per lane: each n-gram's head -> the tokens after it
         self.lead = 0  # the lane the canvas shows while the lanes grow
+        self.lead_rest: list[str] = []  # per lane: what of `SamplerConfig.ar_lead` it has still to write
         self.scored_drafts: Drafts | None = None  # the last scored gap's drafts, with the one chosen
 
     @property
@@ -286,6 +304,9 @@ class ARWalk:
         self.temperature = self.cfg.ar_temperature_long if long else self.cfg.ar_temperature
         dev = self.last.device
         first = self.last
+        # The writer's partial word, written again by the first lanes' tokens (`LeadTokens`): the first gap only.
+        index = self.lines.lead if self.lines is not None else None
+        lead = self.cfg.ar_lead if self.gaps_done == 0 and index is not None else ""
         self.fim_cache = self.shadow = None
         self.shadow_n = 0
         if scored and self.fim is not None:
@@ -293,8 +314,9 @@ class ARWalk:
             # writer types at its end, the prompt's head stays as it was, and so does its cached encoding.
             cut = max(0, len(self.history) - _FIM_LEFT)
             left = self.history[cut + -cut % _FIM_LEFT_STEP :]
-            # Token healing (`heal_split`): the left side's last partial word opens the middle instead, as text.
-            h = heal_split(left, *self.word_edges) if self.word_edges is not None else 0
+            # Token healing (`heal_split`): the left side's last partial word opens the middle instead, as text; with
+            # a lead the caller has taken the partial word out already (the left side ends at a word end).
+            h = heal_split(left, *self.word_edges) if self.word_edges is not None and not lead else 0
             prompt = fim_prompt(self.fim, left[: len(left) - h], right[:_FIM_RIGHT].tolist(), self.fim_order)
             prompt += left[len(left) - h :]
             if self.prefix is not None:  # as far as an earlier prompt shares it (the same gap a keystroke ago)
@@ -317,6 +339,7 @@ class ARWalk:
         self.drafting = True
         self.shown = 0
         self.seen = [{} for _ in range(self.lanes)]
+        self.lead_rest = [lead] * self.lanes
         self._sample(first[None].expand(self.lanes, -1))
 
     def _banned(self) -> list[int]:
@@ -353,7 +376,13 @@ class ARWalk:
     def _sample(self, logits: Tensor) -> None:
         """Sample each lane's next token from its logits (K, V) and record it; a FIM lane that has ended writes
         `<|fim_end|>` again (fed, never read)."""
+        if any(self.lead_rest):
+            logits = self._lead_only(logits)
         tok, lp = draw(logits, self._lane_bans(), self.temperature, self.cfg, self.generator)
+        if any(self.lead_rest):
+            texts = self.lines.lead.texts  # type: ignore[union-attr]  # a lead is set only with its index
+            self.lead_rest = [lead_rest(r, texts[t]) if r else "" for r, t in zip(self.lead_rest, tok.tolist(),
+                                                                                  strict=True)]
         i = self.n
         if self.fim is not None and self.fim_cache is not None:
             tok = torch.where(self.done, self.fim.end, tok)
@@ -375,6 +404,25 @@ class ARWalk:
         self.argmax[self.start : self.start + shown] = self.tokens[lead, :shown]
         self.touched = (self.start + shown - 1, self.start + shown) if shown else (self.start, self.start)
         self.feed_next = tok
+
+    def _lead_only(self, logits: Tensor) -> Tensor:
+        """logits (K, V) with every id a lane may not start its lead with at -inf (`LeadTokens.allowed`); a lane
+        whose lead no id can start (a vocabulary without its characters) drops the lead."""
+        index = self.lines.lead if self.lines is not None else None
+        assert index is not None
+        out = logits.clone()
+        for k, rest in enumerate(self.lead_rest):
+            if not rest:
+                continue
+            found = index.allowed(rest)
+            ids = torch.from_numpy(found[found < out.shape[-1]]).to(out.device)
+            if not len(ids):
+                self.lead_rest[k] = ""
+                continue
+            row = torch.full_like(out[k], _NEG)
+            row[ids] = out[k, ids]
+            out[k] = row
+        return out
 
     def feed(self) -> Tensor:
         """(rows,) the token each active lane encodes this step."""
@@ -456,6 +504,7 @@ class ARWalk:
         self.tokens, self.lp = self.tokens[pick], self.lp[pick]
         self.done, self.length, self.potential = self.done[pick], self.length[pick], score[pick]
         self.seen = [{h: set(t) for h, t in self.seen[int(j)].items()} for j in pick.tolist()]
+        self.lead_rest = [self.lead_rest[int(j)] for j in pick.tolist()]
         self.serial = next(_serials)  # the lanes' batch rows follow their picks (`_compact` says where from)
         if self.shadow is not None:  # the shadow's rows follow their lanes now
             room = self.end - self.start - self.n

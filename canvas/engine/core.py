@@ -9,7 +9,9 @@ accepts and renoises per row with the row's own random stream, so a request's to
 batched with. The vocabulary-sized work (LM head, sampler, self-conditioning soft embeddings) runs only for the
 slots that read it: free slots, plus pinned ones while the model's self-conditioning is live (their next signal).
 `<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close, nor in the head
-of a gap that the sampler's `gap_min_fill` reserves for text.
+of a gap that the sampler's `gap_min_fill` reserves for text. A gap denoiser trained with the shifted head
+(`Engine(logit_shift=True)`) has every diffusion slot read from the hidden state before it, slot 0 from the context's
+last position (`canvas.engine.decoder_weights.denoise_logits`), for the sampled slots and the self-conditioning alike.
 AR rows (`canvas.engine.ar`) walk their canvas left to right; every drafting lane of every AR row (an infill's K
 drafts, several users' fills) advances one token per step in ONE batched encoder forward, and a gap with text after
 it is filled by the draft and ending whose seam reads best. Rows stop individually; cancellation is
@@ -44,6 +46,7 @@ from torch import Tensor
 
 from canvas.convert.fim import FimTokens, Order, WordEdges
 from canvas.engine.ar import DEFAULT_FIM_ORDER, ARBatch, ARWalk, LineTokens
+from canvas.engine.decoder_weights import denoise_logits
 from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB, MB, PrefillCancelled, PrefixCache
 from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
 from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
@@ -135,7 +138,7 @@ class Engine:
                  noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
                  clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None,
                  word_edges: WordEdges | None = None, fim_order: Order = DEFAULT_FIM_ORDER,
-                 lines: LineTokens | None = None) -> None:
+                 lines: LineTokens | None = None, logit_shift: bool = False) -> None:
         """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
         end after them); None spaces an AR infill's candidate endings evenly instead. `fim`: the FIM ids when the
         model has the FIM format (`canvas.convert.fim.model_fim_tokens`): AR infills then prompt with it unless a
@@ -144,6 +147,8 @@ class Engine:
         prompts with the left side as it is. `fim_order`: the FIM prompt's order ("psm" or "spm"). `lines`: the ids
         that break a line before writing on it and those that are only spaces (`canvas.engine.ar.line_tokens`): a
         request's `SamplerConfig.ar_first_newline` False bans the former while an AR draft is blank; None bans none.
+        `logit_shift`: the decoder's head is shifted, as its gap denoiser was trained (`canvas.engine.decoder_weights`):
+        a diffusion slot i reads hidden state i - 1, slot 0 the context's last position; AR rows are untouched.
         `context_cache_mb`: the bytes (MiB) the encoder caches of earlier
         contexts may hold (`canvas.engine.prefix_cache`; 0 keeps none); `context_cache`: one to share instead (an
         engine's `twin` shares its own)."""
@@ -174,6 +179,7 @@ class Engine:
         self.word_edges = word_edges
         self.fim_order = fim_order
         self.lines = lines
+        self.logit_shift = logit_shift
         self._ar = ARBatch(model)
 
     def twin(self, *, max_batch: int = 1, context_cache_mb: float | None = None) -> Engine:
@@ -184,7 +190,8 @@ class Engine:
         own = context_cache_mb is not None
         return Engine(self.model, max_batch=max_batch, context_cache_mb=context_cache_mb or 0,
                       context_cache=None if own else self.contexts, clause_ends=self.clause_ends, fim=self.fim,
-                      word_edges=self.word_edges, fim_order=self.fim_order, lines=self.lines)
+                      word_edges=self.word_edges, fim_order=self.fim_order, lines=self.lines,
+                      logit_shift=self.logit_shift)
 
     # ---- public API ------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
@@ -391,7 +398,9 @@ class Engine:
         pins = [r.pinned_pos if live_sc else r.pinned_pos[:0] for r in rows]
         at = torch.cat([torch.cat([r.free_pos, p]) + b * n for b, (r, p) in enumerate(zip(rows, pins, strict=True))])
         t0 = time.perf_counter()
-        logits = model.denoise(canvas, cache, soft_embeddings=soft, canvas_mask=mask, logits_at=at)  # (K, V)
+        last = torch.stack([r.last_logits for r in rows]) if self.logit_shift else None  # (B, V): slot 0's head
+        logits = denoise_logits(model, canvas, cache, at=at, shift=self.logit_shift, last=last, soft=soft,
+                                mask=mask)  # (K, V)
         sizes = [(len(r.free_pos), len(p)) for r, p in zip(rows, pins, strict=True)]
         temps = torch.cat([r.cfg.temperature(r.remaining).expand(f + p) for r, (f, p) in zip(rows, sizes, strict=True)])
         processed = logits.div_(temps.to(model.device)[:, None])  # (K, V)
@@ -524,7 +533,10 @@ class Engine:
         if not encoded:
             model = self.model
             t0 = time.perf_counter()
-            model.encode(row.argmax[None], cache=row.cache, logits="none")
+            # A shifted head reads the next canvas's slot 0 from the logits after this one.
+            out, _ = model.encode(row.argmax[None], cache=row.cache, logits="last" if self.logit_shift else "none")
+            if out is not None:
+                row.last_logits = out[0, -1]
             self.forward_s += time.perf_counter() - t0
         self._stacked = None
         # Later canvases continue the text: nothing pinned, every slot in use.

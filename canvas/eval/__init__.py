@@ -2,7 +2,8 @@
 
 Map: `samples` (passages laid out as infill and continuation tasks), `judge` (the SmolLM2 judge: perplexity of the
 filled text and its seams), `metrics` (fill ratio, seam ratio, repetition, null share; the records and their
-pooling), `choice` (the per-kind default mode and sampler settings chosen from measured quality), `report` (the
+pooling), `choice` (the per-kind default mode and sampler settings chosen from measured quality), `gap_modes`
+(diffusion infill beside AR + FIM per gap size, and the per-size mode the server may read), `report` (the
 table and the model card's marked block), `evaluate` (the runs and the command); against running servers
 (`remote`: `--task clients|code`): `client_shapes` (the requests llama.vim, OpenAI FIM clients and the websocket
 send, at half-typed lines), `clients` (noise, echo, first-line ratio, length, seconds), `code_tasks` (held-out

@@ -150,6 +150,8 @@ PRESETS: dict[str, EvalConfig] = {
     # Seconds on the tiny random checkpoint: for tests and smoke runs.
     "tiny": EvalConfig(gaps=(4, 8), context_tokens=6, side_tokens=6, prompt_tokens=6, samples=2, max_steps=4,
                        sweep_bounds=(0.1, 1.0), sweep_steps=(2, 4), sweep_samples=2, seam_tokens=4),
+    # Issue 49: diffusion infill beside AR + FIM (K=8) on the same 8-, 16- and 32-token gaps (`canvas.eval.gap_modes`).
+    "gaps": EvalConfig(gaps=(8, 16, 32), ar_drafts=(8,), continuation=False, sweep_task=""),
 }  # fmt: skip
 
 
@@ -479,6 +481,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     from canvas.eval.remote import register_remote
 
     register_remote(parser)  # --task clients|code against running servers (canvas.eval.remote)
+    parser.add_argument("--decoder-adapters", dest="decoder_adapters", default="auto",
+                        help="the gap denoiser to serve: an exported adapter set's directory, off, or auto (the "
+                             "model's decoder_adapters/ or $DCANVAS_DECODER_ADAPTERS; default)")  # fmt: skip
+    parser.add_argument("--write-gap-modes", dest="write_gap_modes", action="store_true",
+                        help="write the infill mode per gap size measured here (canvas.eval.gap_modes) beside the "
+                             "decoder served, where the server reads it")  # fmt: skip
     parser.add_argument("--card", action="store_true",
                         help="write the evaluation into the model's README.md (the block 'main', or 'defaults' with "
                              "--write-defaults; text around the block is kept)")  # fmt: skip
@@ -537,7 +545,8 @@ def run(args: argparse.Namespace) -> int:
     held_out = args.texts if args.texts is not None else args.data
     try:
         docs = read_texts(args.texts) if args.texts is not None else read_documents(args.data)
-        backend = load_backend(model_dir, max_batch=1, threads=max(1, args.threads))
+        backend = load_backend(model_dir, max_batch=1, threads=max(1, args.threads),
+                               decoder_adapters=getattr(args, "decoder_adapters", "auto"))
     except (EvalError, FileNotFoundError, ValueError) as exc:
         return fail(str(exc))
     try:
@@ -559,6 +568,22 @@ def run(args: argparse.Namespace) -> int:
     # Beside every figure: the CPU kind and what the model ran in (its seconds depend on both).
     model = backend.engine.model
     result["machine"] = {**machine(), "dtype": dtype_name(model.dtype), "decode_int8": model.decode_int8}
+    result["decoder"] = backend.decoder
+    gap_text = ""
+    if any(t != CONTINUATION for t in cfg.tasks):
+        from canvas.eval.gap_modes import choose_gap_modes, gap_markdown, gap_table, write_gap_modes
+
+        table = gap_table(result, cfg.speed_scale)
+        result["gap_modes"] = {"table": table, "choice": choose_gap_modes(table)}
+        gap_text = gap_markdown(table, result["gap_modes"]["choice"])
+        if getattr(args, "write_gap_modes", False):
+            try:
+                path = write_gap_modes(Path(model_dir), backend.decoder, result["gap_modes"]["choice"], table,
+                                       {"data": str(held_out), "samples": cfg.samples, "seed": cfg.seed,
+                                        "machine": result["machine"], "threads": result["threads"]})
+            except ValueError as exc:
+                return fail(f"--write-gap-modes: {exc}")
+            console.print(f"{path}: infill modes per gap size written")
     if args.write_defaults:
         result["defaults_choice"] = choice = choose_defaults(result["results"], cfg.speed_scale)
         result["defaults_written"] = written = write_defaults(Path(model_dir), choice, result["sweep"])
@@ -576,6 +601,6 @@ def run(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n", encoding="utf-8")
     # --json: the object on one line, the last one of the output.
-    sys.stdout.write(json.dumps(result, allow_nan=True) + "\n" if args.json else markdown(result))
+    sys.stdout.write(json.dumps(result, allow_nan=True) + "\n" if args.json else markdown(result) + gap_text)
     console.print(f"evaluated in {result['wall_s']:.0f} s")
     return 0

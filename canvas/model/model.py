@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from canvas.model.band import Band, band_attend, band_for
 from canvas.model.cache import KVCache
 from canvas.model.config import ModelConfig, RopeConfig
 from canvas.model.decode import DecodeCompiler, decode_layers
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 
 # Per layer: (layer index, this pass's k and v (B, G, T, D)) -> the keys, values and mask to attend over. `encode`
 # writes its cache here, `denoise` reads it, the training objective keeps graph-connected K/V.
-KVSource = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor, Tensor | None]]
+# A long causal pass hands its sliding layers a `Band` instead of a mask (`canvas.model.band`).
+KVSource = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor, Tensor | Band | None]]
 
 # True while `run_layers` runs the decoder (bidirectional) pass. Weights that exist for the decoder only
 # (`canvas.training.decoder_adapt`: low-rank adapters and deltas the gap denoiser trains) read it, so the encoder
@@ -121,9 +123,14 @@ class Attention(nn.Module):
         v = rms_norm(v, None, self.eps)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, quant: bool = False) -> Tensor:
-        """q (B, H, T, D), k/v (B, G, S', D), mask broadcastable to (B, H, T, S') bool or None -> (B, T, H*D)."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=self.n_kv != self.n_heads)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Band | None, quant: bool = False) -> Tensor:
+        """q (B, H, T, D), k/v (B, G, S', D), mask broadcastable to (B, H, T, S') bool, None, or a sliding layer's
+        `Band` (block by block over the window, `canvas.model.band`) -> (B, T, H*D)."""
+        if isinstance(mask, Band):
+            out = band_attend(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
+                                                 enable_gqa=self.n_kv != self.n_heads)
         B, _, T, _ = out.shape
         return linear(out.transpose(1, 2).reshape(B, T, -1), self.o_proj, self.o_proj_int8, quant)
 
@@ -230,6 +237,9 @@ class DiffusionModel(nn.Module):
         self.int8_rows: int | None = None
         self.decode_fast = True  # one-token steps through canvas.model.decode (False: the general path, to compare)
         self.decode_compile: DecodeCompiler | None = None  # its compiled halves (canvas.model.decode)
+        # Long causal passes attend in sliding layers block by block over the window (False: the dense mask, to
+        # compare; canvas.model.band).
+        self.band_attention = True
         if init:
             self.reset_parameters()
 
@@ -346,6 +356,7 @@ class DiffusionModel(nn.Module):
         x = self.embed_tokens(input_ids)  # (B, T, M)
 
         n_tail = cache.sliding_len()
+        band: Band | None = None
         if T == 1 and attention_mask is None:
             # A decode step of a real token: every cached key precedes the query and lies inside the window (the
             # cache keeps window - 1), so the causal masks reduce to the keys' padding, and to none without padding.
@@ -355,23 +366,28 @@ class DiffusionModel(nn.Module):
             q_pos = torch.arange(start, start + T, device=dev)
             full_mask = self._causal_mask(q_pos, torch.arange(start + T, device=dev), cache.key_valid[:, : start + T],
                                           None)
+            tail_valid = cache.key_valid[:, start - n_tail : start + T]
+            if self.band_attention:
+                band = band_for(T, n_tail, self.config.sliding_window, tail_valid)
             tail_pos = torch.arange(start - n_tail, start + T, device=dev)
-            sliding_mask = self._causal_mask(q_pos, tail_pos, cache.key_valid[:, start - n_tail : start + T],
-                                             self.config.sliding_window)
+            sliding_mask = None if band is not None else self._causal_mask(q_pos, tail_pos, tail_valid,
+                                                                            self.config.sliding_window)
 
-        def write_cache(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        sliding_attn = band if band is not None else sliding_mask
+
+        def write_cache(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | Band | None]:
             lkv = cache.layers[i]
             if lkv.sliding and n_tail + T <= lkv.k.shape[2]:  # the window has room: append in place, no copy
                 lkv.k[:, :, n_tail : n_tail + T] = k
                 lkv.v[:, :, n_tail : n_tail + T] = v
-                return lkv.k[:, :, : n_tail + T], lkv.v[:, :, : n_tail + T], sliding_mask
+                return lkv.k[:, :, : n_tail + T], lkv.v[:, :, : n_tail + T], sliding_attn
             if lkv.sliding:  # the window's tail, then these tokens; the cache keeps the last window - 1
                 keys = torch.cat([lkv.k[:, :, :n_tail], k], dim=2)
                 vals = torch.cat([lkv.v[:, :, :n_tail], v], dim=2)
                 keep = min(keys.shape[2], lkv.k.shape[2])
                 lkv.k[:, :, :keep] = keys[:, :, -keep:]
                 lkv.v[:, :, :keep] = vals[:, :, -keep:]
-                return keys, vals, sliding_mask
+                return keys, vals, sliding_attn
             lkv.k[:, :, start : start + T] = k
             lkv.v[:, :, start : start + T] = v
             return lkv.k[:, :, : start + T], lkv.v[:, :, : start + T], full_mask

@@ -98,6 +98,10 @@ class SamplerConfig:
     # first token, or after spaces only). An editor's suggestion then never starts with an empty line
     # (`canvas.server.http.endings`); never a model default.
     ar_first_newline: bool = True
+    # AR mode, per request: the text the first gap's draft must start with, the writer's partial word (" applie") or
+    # the space typed before the next word (" "), which the caller took out of the prompt and drops from the answer
+    # (token healing by constraint: `canvas.convert.fim.LeadTokens`); "" for none. Never a model default.
+    ar_lead: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= 1024:
@@ -146,6 +150,8 @@ class SamplerConfig:
             raise ValueError(f"ar_top_p must be in (0, 1] and ar_min_p in [0, 1], got {self.ar_top_p}, {self.ar_min_p}")
         if not isinstance(self.ar_first_newline, bool):
             raise ValueError(f"ar_first_newline must be true or false, got {self.ar_first_newline!r}")
+        if not isinstance(self.ar_lead, str) or len(self.ar_lead) > 64:
+            raise ValueError(f"ar_lead must be a string of at most 64 characters, got {self.ar_lead!r}")
 
     # ---- generation_config.json: a model's own sampler defaults (the file transformers' `generate` reads) ----------
     def to_generation_config(self) -> dict[str, Any]:

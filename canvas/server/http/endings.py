@@ -18,6 +18,20 @@ FIM adapters seldom end a middle there yet, so the server ends it where such a m
   above it): `CursorLine.first_newline`, the engine's `SamplerConfig.ar_first_newline`.
 `n_indent` and `t_max_predict_ms` keep llama.cpp's meaning (`llama_infill.indent_rule`, `llama_fields.Deadline`).
 
+The writer's partial word (`typed_lead`: " applie" of "...had applie", or the " " of "...would ", the space typed
+before the next word) is token-healed by constraint where the request drafts left to right (`heal=True`): it leaves
+the prompt, so the prompt ends where a word ends as every FIM prefix the fine-tune saw did, the engine's drafts must
+start by writing it again in their own tokens (`SamplerConfig.ar_lead`), and `drop_lead` takes it off the answer.
+Without that, a prompt ending in " app" "lie" or in a lone space token asks for a split the tokenizer never makes,
+and the model joins badly ("would n" -> "ounced"). The rules above read the text with the lead at its start.
+
+A suggestion a time limit ended (`llama_fields.Deadline`: the first draft to reach a line end once time is up, often
+the one that broke its line soonest) ends where time ran out, not where the model chose: `trim_tail` takes off the
+words it cannot end on ("... worth $2.1 million, and the" -> "... worth $2.1 million"; " or" -> ""), so it ends at
+a clause end or a content word, or is dropped where nothing whole is left. A suggestion whose line is a copy of one
+of the next lines (`copies_after`: the drafts copy what follows when it is likeliest, and the first to reach its line
+end at a time limit is often such a copy) is dropped: accepting it would write that line twice.
+
 An AR infill's K drafts grow side by side (`canvas.engine.ar`; frames carry them all): `early_end` ends the row as
 soon as every draft has reached its end (a cut rule, a stop string, or its `<|fim_end|>`), with the draft most of
 them agree on, else the leading one, so a single-line suggestion costs its line, not the token budget. A draft's text
@@ -28,6 +42,7 @@ choice.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +54,8 @@ from canvas.server.http.textgen import CutRule, TextReader, TextTask, stop_cut
 _OPEN, _CLOSE = "([{", {")": "(", "]": "[", "}": "{"}
 # Why a probe of a draft ended where it did for the draft to count as ended: never "time" or "length" (cut short).
 _ENDED = ("rule", "word", "eos")
+# The cursor line's partial word: one space after text, then word characters up to the cursor (none: the space alone).
+_LEAD = re.compile(r"(?<=\S) \w{0,31}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,29 +185,96 @@ def combine(*rules: CutRule | None) -> CutRule | None:
     return cut
 
 
+# Words a phrase cannot end on (articles, prepositions, conjunctions, auxiliaries, determiners): a suggestion cut by
+# time that ends on one reads as broken off ("with forty free of"); lowercase.
+_CLOSED_CLASS = frozenset(
+    "a an the of or and but nor to in on at by for from with as into onto upon than that which whose if so because "
+    "while when where whether your my our their his her its this these those is are was were be been being has have "
+    "had do does did can could will would shall should may might must not no very such".split())
+_LAST_WORD = re.compile(r"\w+\Z")
+_HANGING = " \t,;:-([{\"'\u201c\u2018"  # what a text cut by time may trail that leaves it hanging
+
+
+def trim_tail(text: str) -> str:
+    """A text a time limit ended, less the words it cannot end on: trailing closed-class words and the separators
+    that leave it hanging (spaces, commas, opening brackets and quotes) go, one after another; "" when nothing else
+    is left. A text ending with a full stop, a closing bracket or a content word keeps all of it but such
+    separators."""
+    out = text
+    while True:
+        core = out.rstrip(_HANGING)
+        found = _LAST_WORD.search(core)
+        if found is None or found.group(0).lower() not in _CLOSED_CLASS:
+            return core if core.strip() else ""
+        out = core[: found.start()]
+
+
+def copies_after(text: str, after: str, *, lines: int = 8, min_chars: int = 12) -> bool:
+    """Whether the suggestion `text` is, line for line, a copy of text in the first `lines` lines of `after` (each
+    of its non-blank lines, stripped, at least `min_chars` long in all, found inside one of those lines)."""
+    mine = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    if not mine or sum(map(len, mine)) < min_chars:
+        return False
+    theirs = [ln.strip() for ln in after.split("\n")[: lines + 1] if ln.strip()]
+    return all(any(m in t for t in theirs) for m in mine)
+
+
+def typed_lead(before: str) -> str:
+    """The writer's partial word at the end of `before`: a space after text and the word characters after it (at most
+    31: a longer run is code or a URL), or that space alone; "" where `before` ends otherwise (at a line start, after
+    two spaces, inside punctuation)."""
+    found = _LEAD.search(before)
+    return found.group(0) if found else ""
+
+
+def drop_lead(text: str, lead: str) -> str:
+    """The suggestion a client gets from a text drafted to start with `lead` (`typed_lead`): the text after it; ""
+    when the text ended before the lead was written whole (a time limit: nothing of the suggestion is left)."""
+    return text[len(lead) :] if text.startswith(lead) else ""
+
+
+class LeadCut:
+    """`drop_lead` over a stream: fed the text's pieces in order, returns each piece less what of the lead it holds."""
+
+    def __init__(self, lead: str) -> None:
+        self.lead, self.seen = lead, 0
+
+    def __call__(self, piece: str) -> str:
+        start, self.seen = self.seen, self.seen + len(piece)
+        return piece[max(0, len(self.lead) - start) :]
+
+
 @dataclass(frozen=True, slots=True)
 class Endings:
-    """Where a suggestion ends (`TextTask.cut`, `TextTask.join`) and the sampler settings that draft it."""
+    """Where a suggestion ends (`TextTask.cut`, `TextTask.join`), the sampler settings that draft it, and the lead
+    it is drafted to start with (`typed_lead`; the prompt is `before` less it, the answer `drop_lead`'s)."""
 
     cut: CutRule | None
     join: CutRule | None
     config: SamplerConfig
+    lead: str = ""
 
 
 def suggestion_endings(before: str, after: str, config: SamplerConfig, *, n_indent: int = 0,
-                       one_gap: bool = True) -> Endings:
+                       one_gap: bool = True, heal: bool = False) -> Endings:
     """The endings of an editor's suggestion between `before` and `after` (the whole texts around the gap): llama.cpp's
     `n_indent` and the cursor line's rules (`line_rule`, `join_rule`), drafted from `config` with the first token
     never breaking the line where the cursor line wants text first (`CursorLine.first_newline`; only for a request
     of `one_gap`: the setting holds for every gap), and, for the rest of a line, with `<|fim_end|>` allowed from the
-    first token on (`ar_min_fill` 0: the budget is a ceiling, and a line is short)."""
+    first token on (`ar_min_fill` 0: the budget is a ceiling, and a line is short). With `heal`, in AR mode and for
+    one gap, the cursor line's partial word is the lead (`typed_lead`, `SamplerConfig.ar_lead`): the caller sends
+    `before` less `Endings.lead` and gives the client `drop_lead` of the text."""
+    lead = typed_lead(before) if heal and one_gap and config.mode == "ar" else ""
+    if lead:
+        before = before[: len(before) - len(lead)]
+        config = dataclasses.replace(config, ar_lead=lead)
     cursor = CursorLine.around(before, after)
     if not cursor.first_newline and one_gap:
         config = dataclasses.replace(config, ar_first_newline=False)
     if cursor.has_text:
         config = dataclasses.replace(config, ar_min_fill=0.0)
     cut = combine(indent_rule(n_indent) if n_indent > 0 else None, line_rule(cursor))
-    return Endings(cut, join_rule(cursor), config)
+    return Endings(cut, join_rule(cursor), config, lead)
 
 
 # ---- ending an AR row early --------------------------------------------------------------------------------------

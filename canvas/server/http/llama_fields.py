@@ -98,11 +98,13 @@ class Deadline:
     only after a new line too), with the text the model has written so far:
     a draft shows only written slots (an AR row's others still hold noise), and `TextRun.settle` takes them, cut back
     to a word boundary where the text goes on. It ends as llama.cpp's "limit", OpenAI's "length". Feed it every
-    event of the run."""
+    event of the run. `fired`: the choices it ended (their text ends where time ran out, not where the model chose:
+    `endings.trim_tail` tidies it)."""
 
     def __init__(self, run: TextRun, limit_ms: int) -> None:
         self.run, self.limit_s = run, limit_ms / 1000
         self.first: dict[int, float] = {}
+        self.fired: set[int] = set()
 
     def __call__(self, ev: Event) -> None:
         if not isinstance(ev, Draft) or self.limit_s <= 0:
@@ -110,4 +112,5 @@ class Deadline:
         now = time.monotonic()
         first = self.first.setdefault(ev.index, now)
         if now - first >= self.limit_s and ("\n" in ev.text or ev.ended):
+            self.fired.add(ev.index)
             self.run.settle(ev.index)

@@ -21,7 +21,11 @@ llama.cpp's rules (EOS, `stop`, the budget, `n_indent`, `t_max_predict_ms`), a c
 cursor gets the rest of that line only, cut before a repeat of what follows the cursor on it, drafted with a
 `<|fim_end|>` allowed from the first token (`ar_min_fill` 0); the first token never breaks the line unless the cursor
 is at the start of a line with text after it (`SamplerConfig.ar_first_newline`). An AR row stops as soon as every
-draft has reached its end (`endings.early_end`), so such a suggestion costs its line.
+draft has reached its end (`endings.early_end`), so such a suggestion costs its line. In AR mode the cursor line's
+partial word (or the space typed after its last word) is token-healed by constraint (`endings.typed_lead`): the
+prompt ends before it, the drafts write it again first, and `content` is what follows it. A whole (not streamed)
+answer that a time limit ended loses the words it cannot end on (`endings.trim_tail`), and one that copies a line
+that follows is dropped (`endings.copies_after`); a stream has sent its text by then and keeps it.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from starlette.routing import BaseRoute, Route
 
 from canvas.sampling.sampler import Mode
 from canvas.server.http.core import ClientGone, HttpApi, Refusal, sse
+from canvas.server.http.endings import LeadCut, copies_after, drop_lead, suggestion_endings, trim_tail
 from canvas.server.http.endings import indent_rule as indent_rule  # where it was: the OpenAI routes import it here
-from canvas.server.http.endings import suggestion_endings
 from canvas.server.http.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
 from canvas.server.http.textgen import Plan, TextTask, plan, sampler_config
 from canvas.server.http.textrun import Delta, Draft, Event, Finish, GenerationFailed
@@ -105,7 +109,8 @@ def _parse(data: dict[str, Any]) -> InfillRequest:
     return req
 
 
-def _task(api: HttpApi, req: InfillRequest) -> TextTask:
+def _task(api: HttpApi, req: InfillRequest) -> tuple[TextTask, str]:
+    """The text task of a request, and the lead its answer starts with (`endings.typed_lead`; "" for none)."""
     extra = "".join(c.text if c.text.endswith("\n") or not c.text else c.text + "\n" for c in req.input_extra)
     before = extra + req.input_prefix + req.prompt
     api.check_text(before, req.input_suffix)
@@ -122,9 +127,10 @@ def _task(api: HttpApi, req: InfillRequest) -> TextTask:
     seed = llama_seed(req.seed)
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
     ends = suggestion_endings(before, req.input_suffix, config, n_indent=req.n_indent,
-                              one_gap=infill or budget <= api.backend.canvas_length)
-    return TextTask(before, req.input_suffix or None, budget, ends.config, seed, 1, tuple(s for s in stops if s),
-                    ends.cut, ends.join)
+                              one_gap=infill or budget <= api.backend.canvas_length, heal=True)
+    prompt = before[: len(before) - len(ends.lead)]
+    return TextTask(prompt, req.input_suffix or None, budget, ends.config, seed, 1, tuple(s for s in stops if s),
+                    ends.cut, ends.join), ends.lead
 
 
 def _stop_type(f: Finish) -> str:
@@ -150,17 +156,25 @@ def _timings(p: Plan, f: Finish) -> dict[str, float | int]:
     }
 
 
-def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish) -> dict[str, Any]:
-    """The final object: llama.cpp's completion result (content, stop_type, timings, ...)."""
+def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish, lead: str = "", *,
+            timed_out: bool = False) -> dict[str, Any]:
+    """The final object: llama.cpp's completion result (content, stop_type, timings, ...); `content` is the text
+    after `lead` (`endings.drop_lead`), less the words a text ended by the time limit (`timed_out`) cannot end on
+    (`endings.trim_tail`), and nothing where it copies a line that follows (`endings.copies_after`)."""
+    content = drop_lead(f.text, lead)
+    if timed_out and f.reason != "eos":
+        content = trim_tail(content)
+    if copies_after(content, req.input_suffix):
+        content = ""  # a copy of a line that follows: accepted, it would be written twice
     cfg = task.config
     settings = {"n_predict": task.max_tokens, "temperature": cfg.t_max, "seed": task.seed if task.seed is not None
                 else -1, "stop": list(task.stop), "n_indent": req.n_indent, "t_max_predict_ms": req.t_max_predict_ms,
                 "stream": req.stream, "max_steps": cfg.max_steps, "entropy_bound": cfg.entropy_bound, "mode": cfg.mode,
                 "gap_min_fill": p.request.config.gap_min_fill}  # fmt: skip
     return {
-        "index": 0, "content": f.text, "tokens": [], "id_slot": 0, "stop": True, "model": api.backend.name,
+        "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": api.backend.name,
         "tokens_predicted": f.tokens, "tokens_evaluated": p.prompt_tokens, "generation_settings": settings,
-        "prompt": "", "has_new_line": "\n" in f.text, "truncated": p.truncated, "stop_type": _stop_type(f),
+        "prompt": "", "has_new_line": "\n" in content, "truncated": p.truncated, "stop_type": _stop_type(f),
         "stopping_word": f.stop_word or "", "tokens_cached": f.cached_tokens, "timings": _timings(p, f),
         # An extension: the steps it took, and why it ended (`textgen.End`: "time" is a `t_max_predict_ms` end).
         "dcanvas": {"steps": f.steps, "end": f.reason},
@@ -186,7 +200,7 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
     async def infill(request: Request) -> Response:
         try:
             req = _parse(await api.read_json(request))
-            task = _task(api, req)
+            task, lead = _task(api, req)
             try:  # tokenizing a long prompt is work: off the event loop
                 the_plan = await asyncio.to_thread(plan, api.backend, task, max_context=api.limits.max_context_tokens)
             except ValueError as e:
@@ -206,18 +220,20 @@ def infill_routes(api: HttpApi) -> list[BaseRoute]:
             except GenerationFailed as e:
                 return _error(Refusal(e.refusal_status(), f"the generation failed: {e}",
                                       retry_after=1.0 if e.retryable else None))
-            body = _result(api, req, task, the_plan, done)
+            body = _result(api, req, task, the_plan, done, lead, timed_out=done.index in deadline.fired)
             return JSONResponse(project(body, req.response_fields) if req.response_fields else body)
+
+        cut_lead = LeadCut(lead)
 
         def render(ev: Event) -> list[str]:
             deadline(ev)
             base = {"index": 0, "tokens": [], "stop": False, "id_slot": 0, "tokens_evaluated": the_plan.prompt_tokens}
             if isinstance(ev, Delta):
-                return [sse({**base, "content": ev.text})]
+                return [sse({**base, "content": cut_lead(ev.text)})]
             if isinstance(ev, Draft):
                 info = {"draft": ev.text, "step": ev.step, "max_steps": ev.max_steps, "canvas": ev.canvas}
                 return [sse({**base, "content": "", "dcanvas": info})]
-            return [sse({**_result(api, req, task, the_plan, ev), "content": ""})]
+            return [sse({**_result(api, req, task, the_plan, ev, lead), "content": ""})]
 
         def failed(message: str) -> list[str]:
             return [sse({"error": {"code": 500, "message": f"the generation failed: {message}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from canvas.convert.fim import heal_split
+from canvas.convert.fim import LeadTokens, heal_split, lead_rest
 
 # A made-up vocabulary: 0 " night" (starts a word), 1 "." , 2 "\n" (ends with whitespace), 3 " exer", 4 "cable",
 # 5 " the", 6 "(" , 7 "x".
@@ -36,3 +36,30 @@ def test_limit_bounds_the_run() -> None:
     assert heal_split(left, STARTS, ENDS, limit=4) == 0
     assert heal_split(left, STARTS, ENDS, limit=5) == 0  # the boundary would leave an empty prefix only at j=0
     assert heal_split([0, *left], STARTS, ENDS, limit=5) == 5
+
+
+# Token healing by constraint (`LeadTokens`): a made-up vocabulary of decoded texts.
+TEXTS = ["<pad>", " ", "  ", " a", " app", " applied", " applies", "lie", "lied", "d", " the", "  the", "the", " n",
+         " never", "\n", " \n"]
+
+
+def _texts(ids: np.ndarray) -> set[str]:
+    return {TEXTS[int(i)] for i in ids}
+
+
+def test_a_lead_allows_its_continuations_and_its_starts() -> None:
+    lead = LeadTokens(TEXTS)
+    assert _texts(lead.allowed(" applie")) == {" a", " app", " applied", " applies"}  # whole, or a start of it
+    assert _texts(lead.allowed("lie")) == {"lie", "lied"}  # what is left after " app"
+    assert _texts(lead.allowed(" n")) == {" n", " never"}  # " n" itself: the next token goes on from it
+    assert lead.allowed("").size == 0 and lead.allowed(" zz").size == 0
+
+
+def test_a_typed_space_allows_only_a_word_after_one_space() -> None:
+    """Never the lone space (the word would follow without one), two spaces or a newline after it."""
+    assert _texts(LeadTokens(TEXTS).allowed(" ")) == {" a", " app", " applied", " applies", " the", " n", " never"}
+
+
+def test_lead_rest_follows_the_tokens_written() -> None:
+    assert lead_rest(" applie", " app") == "lie" and lead_rest("lie", "lied") == "" and lead_rest(" n", " n") == ""
+    assert lead_rest(" ", " the") == ""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import canvas.engine.ar as engine_ar
-from canvas.convert.fim import FimTokens, fim_prompt
+from canvas.convert.fim import FimTokens, LeadTokens, fim_prompt
 from canvas.engine.core import Engine, GenRequest
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.sampling.sampler import SamplerConfig
@@ -254,3 +254,42 @@ def test_smc_with_finished_lanes_keeps_rows_with_their_lanes(model: DiffusionMod
     (alone,), _ = run(Engine(model, fim=FIM), [req])
     (first, _), _ = run(Engine(model, fim=FIM, max_batch=2), [req, other])
     assert alone.canvases == first.canvases
+
+
+def test_a_lead_is_written_again_first_and_the_left_side_is_not_healed(model: DiffusionModel,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ar_lead` (the writer's partial word, taken out of the left side by the caller): every lane's first tokens
+    write it again, whatever the model prefers, and the FIM prompt is the unhealed one (word edges that would move
+    the left side's last word change nothing); the greedy lane takes the likeliest of the tokens the lead allows."""
+    V = model.config.vocab_size
+    texts = [f"w{i}" for i in range(V)]
+    texts[20], texts[21], texts[22], texts[23] = " app", " applied", "lie", " zebra"
+    lines = engine_ar.LineTokens(frozenset(), frozenset(), LeadTokens(texts))
+    starts, ends = np.zeros(V, dtype=bool), np.zeros(V, dtype=bool)
+    ctx, left, gap, right = (2, 5, 11), 3, 6, 4
+    req = infill(ctx, left, gap, right, ar_drafts=1, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1, ar_no_repeat=0,
+                 ar_lead=" applie")
+    starts[req.slot_ids[left - 2]] = True  # heal_split would move the last two left tokens
+    plain_left = [*ctx, *req.slot_ids[:left]]
+    prompt = fim_prompt(FIM, plain_left, list(req.slot_ids[left + gap :]))
+    logits, _ = model.encode(torch.tensor([prompt]), logits="last")
+    assert logits is not None
+    want = 20 if float(logits[0, -1, 20]) > float(logits[0, -1, 21]) else 21
+    (done,), _ = run(Engine(model, fim=FIM, word_edges=(starts, ends), lines=lines), [req])
+    fill = list(done.canvases[0][left : left + gap])
+    assert fill[0] == want
+    assert "".join(texts[t] for t in fill[:2]).startswith(" applie")  # " app" is followed by "lie"
+
+    real = DiffusionModel.encode
+
+    def zebra(self: DiffusionModel, ids: torch.Tensor, *a: object, **kw: object) -> object:
+        out, cache = real(self, ids, *a, **kw)  # type: ignore[arg-type]
+        if out is not None:
+            out[..., 23] += 100.0
+        return out, cache
+
+    monkeypatch.setattr(DiffusionModel, "encode", zebra)
+    sampled = dataclasses.replace(req, config=dataclasses.replace(req.config, ar_drafts=4, ar_temperature=1.0, seed=2))
+    (done,), _ = run(Engine(model, fim=FIM, lines=lines), [sampled])
+    fill = list(done.canvases[0][left : left + gap])
+    assert "".join(texts[t] for t in fill[:2]).startswith(" applie") and 23 in fill  # free after the lead

@@ -172,17 +172,30 @@ def _typing(ctx: tuple[int, ...], k: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-@pytest.mark.parametrize("fim", [False, True])
-def test_cached_and_uncached_requests_return_the_same_tokens(fim: bool) -> None:
+@pytest.mark.parametrize(("fim", "window", "n"), [(False, 16, 45), (True, 16, 45), (True, 144, 400)])
+def test_cached_and_uncached_requests_return_the_same_tokens(fim: bool, window: int, n: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Window 144: the context's pieces (128 tokens after a full window) run the sliding layers' banded attention
+    (`canvas.model.band`), as the served model's 448-token pieces do; the dense mask gives the same tokens too."""
+    import canvas.model.model as model_module
     from canvas.convert.fim import FimTokens
     from tests.canvas.engine.test_ar import NULL, infill
 
+    banded: list[int] = []
+    band_attend = model_module.band_attend
+
+    def counted(*args: Any) -> torch.Tensor:
+        banded.append(1)
+        return band_attend(*args)
+
+    monkeypatch.setattr(model_module, "band_attend", counted)
     torch.manual_seed(0)
-    m = DiffusionModel(ModelConfig.from_name("tiny").replace(null_token_id=NULL)).eval()
+    m = DiffusionModel(ModelConfig.from_name("tiny").replace(null_token_id=NULL, sliding_window=window)).eval()
     tokens = FimTokens(prefix=6, suffix=7, middle=8, end=9, bos=2, pad=0, eos=1) if fim else None
     cached = Engine(m, max_batch=1, fim=tokens)
     uncached = Engine(m, max_batch=1, fim=tokens, context_cache_mb=0)
-    base = tuple(doc(7, 45))
+    dense = Engine(m, max_batch=1, fim=tokens, context_cache_mb=0)
+    base = tuple(doc(7, n))
     for k in range(4):
         req = infill(_typing(base, k), 3, 6, 3, slot_seed=k, seed=5, ar_drafts=3, ar_seam_tokens=2)
         a = cached.submit(req)
@@ -192,10 +205,19 @@ def test_cached_and_uncached_requests_return_the_same_tokens(fim: bool) -> None:
         da, db = a.wait(0), b.wait(0)
         assert da.status == db.status == "completed"
         assert da.canvases == db.canvases, k
+        if window > 16:
+            m.band_attention = False
+            try:
+                c = dense.submit(req)
+                dense.run_until_idle()
+            finally:
+                m.band_attention = True
+            assert c.wait(0).canvases == db.canvases, k
         assert db.cached_tokens == 0
         if k:  # everything but the changed tail came from the cache
             assert da.cached_tokens >= len(base) - 1
     assert cached.contexts.stats().tokens_reused > 0 and uncached.contexts.stats().bytes == 0
+    assert bool(banded) == (window > 16)
 
 
 def test_a_request_cancelled_mid_prefill_ends_cancelled_and_the_next_reuses_its_pieces(

@@ -722,3 +722,57 @@ def test_smollm2_judge_prefers_english_to_shuffled_words() -> None:
     bad = judge.score(prefix + shuffled, len(prefix), len(prefix + shuffled))
     good_ppl, bad_ppl = perplexity(good.nll, good.tokens), perplexity(bad.nll, bad.tokens)
     assert good.tokens >= 15 and good_ppl < 60 and bad_ppl > 2 * good_ppl
+
+
+# -- per gap size (issue 49) ---------------------------------------------------------------------------------------
+
+
+def _gap_row(gap: int, mode: str, fill: float, seam: float, seconds: float, rep: float = 0.02,
+             tpf: float = 1.0) -> dict[str, Any]:
+    row = _row(f"infill-{gap}", fill, seam, seconds, "diffusion" if mode == "diffusion" else "ar K=8", rep=rep)
+    return {**row, "samples": 2, "fill_ratio_ci": (fill, fill), "seam_ratio_ci": (seam, seam),
+            "tokens_per_forward": tpf}
+
+
+def test_gap_modes_pick_diffusion_only_where_it_is_measured_better() -> None:
+    from canvas.eval.gap_modes import choose_gap_modes, gap_markdown, gap_table
+
+    results = [
+        _gap_row(8, "diffusion", 1.2, 1.3, 0.5, tpf=4.0), _gap_row(8, "ar", 1.4, 1.5, 1.0),  # diffusion better
+        _gap_row(16, "diffusion", 1.6, 1.2, 0.5), _gap_row(16, "ar", 1.1, 1.1, 1.0),  # AR better
+        _gap_row(32, "diffusion", 2.5, 1.0, 0.5), _gap_row(32, "ar", 3.0, 3.0, 1.0),  # diffusion over the bounds
+        _gap_row(64, "diffusion", 1.0, 1.0, 9.0), _gap_row(64, "ar", 1.3, 1.3, 2.0),  # diffusion too slow
+        _gap_row(4, "diffusion", 1.0, 1.0, 0.1, rep=0.3),  # repeats, and AR was not run
+        _gap_row(2, "diffusion", 1.0, 1.0, 0.1),  # AR was not run
+        {**_gap_row(12, "diffusion", 1.0, 1.0, 0.1), "task": "continuation"},  # not an infill: not a row
+    ]  # fmt: skip
+    table = gap_table({"results": results})
+    assert [(r["gap"], r["mode"]) for r in table][:4] == [(2, "diffusion"), (4, "diffusion"), (8, "diffusion"),
+                                                          (8, "ar")]  # fmt: skip
+    d8 = table[2]
+    assert d8["seconds_per_fill"] == 0.5 and d8["within_speed"] and all(d8["bounds"].values())
+    assert not table[0]["bounds"]["tokens_per_forward"]  # 1 token a forward: under the issue's 3
+    chosen = {c["gap"]: c["mode"] for c in choose_gap_modes(table)}
+    assert chosen == {2: "ar", 4: "ar", 8: "diffusion", 16: "ar", 32: "ar", 64: "ar"}
+    why = {c["gap"]: c["why"] for c in choose_gap_modes(table)}
+    assert "both modes" in why[2] and "bounds" in why[32] and "speed" in why[64]
+    text = gap_markdown(table, choose_gap_modes(table))
+    assert "| 8 | diffusion |" in text and "- 16 tokens: ar" in text
+
+
+def test_write_gap_modes_goes_beside_the_decoder_and_never_into_a_build(tmp_path: Path) -> None:
+    from canvas.eval.gap_modes import write_gap_modes
+    from canvas.sampling.modes import GAP_MODES_FILE, read_gap_modes
+
+    choice = [{"gap": 8, "mode": "diffusion", "why": "x"}, {"gap": 16, "mode": "ar", "why": "y"}]
+    model, adapters = tmp_path / "model", tmp_path / "adapters"
+    model.mkdir()
+    adapters.mkdir()
+    path = write_gap_modes(model, {"path": str(adapters), "sha256": "ab", "step": 3}, choice, [], {})
+    assert path == adapters / GAP_MODES_FILE and read_gap_modes(adapters) == (((8, "diffusion"), (16, "ar")), "ab")
+    assert write_gap_modes(model, None, choice, [], {}) == model / GAP_MODES_FILE
+    (model / "build.json").write_text("{}")
+    with pytest.raises(ValueError, match="build"):
+        write_gap_modes(model, None, choice, [], {})
+    with pytest.raises(ValueError, match="no infill"):
+        write_gap_modes(model, {"path": str(adapters), "sha256": "ab"}, [], [], {})

@@ -200,3 +200,65 @@ def test_the_modes_module_needs_no_torch() -> None:
     code = "import sys, canvas.sampling.modes, tui.settings; assert 'torch' not in sys.modules, 'torch was imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+# -- per gap size --------------------------------------------------------------------------------------------------
+
+
+def test_largest_gap_counts_free_runs_closed_by_a_pin() -> None:
+    from canvas.sampling.modes import largest_gap
+
+    assert largest_gap(()) == 0 and largest_gap((False, False)) == 0  # a continuation: no gap
+    assert largest_gap((True, False, False, True, False, True)) == 2
+    assert largest_gap((False, True, False, False, False, True, False, False, False, False)) == 3  # tail not a gap
+
+
+def test_measured_gap_sizes_pick_the_infill_mode_and_default_to_ar() -> None:
+    by_gap = ModeDefaults(infill="ar", continuation="ar", infill_by_gap=((8, "diffusion"), (16, "diffusion"),
+                                                                           (32, "ar")))  # fmt: skip
+    assert [by_gap.resolve(None, "infill", g) for g in (1, 8, 9, 16, 17, 32, 33, 200)] == [
+        "diffusion", "diffusion", "diffusion", "diffusion", "ar", "ar", "ar", "ar"]  # past 32: nothing measured
+    assert by_gap.resolve(None, "infill") == "ar"  # no gap size known: the kind's default
+    assert by_gap.resolve("ar", "infill", 8) == "ar" and by_gap.resolve("diffusion", "infill", 64) == "diffusion"
+    assert by_gap.resolve(None, "continuation", 8) == "ar"
+    # A model whose infill default is diffusion still runs a gap past its table AR.
+    assert ModeDefaults(infill_by_gap=((8, "diffusion"),)).resolve(None, "infill", 9) == "ar"
+    assert ModeDefaults(infill_by_gap=((8, "diffusion"),)).decodes
+    for bad in (((8, "ar"), (8, "diffusion")), ((16, "ar"), (8, "ar")), ((0, "ar"),), ((8, "beam"),)):
+        with pytest.raises(ValueError, match="infill_by_gap"):
+            ModeDefaults(infill_by_gap=bad)
+
+
+def test_gap_modes_file_is_read_and_checked(tmp_path: Path) -> None:
+    from canvas.sampling.modes import GAP_MODES_FILE, read_gap_modes
+
+    assert read_gap_modes(tmp_path) is None
+    (tmp_path / GAP_MODES_FILE).write_text(json.dumps({"sizes": [{"gap": 16, "mode": "diffusion"},
+                                                                 {"gap": 8, "mode": "ar"}], "decoder_sha256": "ab"}))
+    assert read_gap_modes(tmp_path) == (((8, "ar"), (16, "diffusion")), "ab")
+    for bad in ({"sizes": [{"gap": 8, "mode": "beam"}]}, {"sizes": [{"mode": "ar"}]}, [1], {"sizes": 3},
+                {"sizes": [], "decoder_sha256": 5}):
+        (tmp_path / GAP_MODES_FILE).write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=GAP_MODES_FILE):
+            read_gap_modes(tmp_path)
+
+
+def test_backend_takes_measured_gap_modes_only_for_the_decoder_they_measured(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from canvas.sampling.modes import GAP_MODES_FILE
+
+    model_dir = write_tiny_checkpoint(tmp_path / "m")
+    write_extra(model_dir, SPLIT.to_extra())
+    table = {"sizes": [{"gap": 4, "mode": "diffusion"}, {"gap": 8, "mode": "ar"}], "decoder_sha256": None}
+    (model_dir / GAP_MODES_FILE).write_text(json.dumps(table))
+    backend = load_backend(model_dir, max_batch=1, threads=1, decoder_adapters=None)
+    gap3 = (True, False, False, False, True)
+    gap6 = (True, *(False,) * 6, True)
+    assert backend.mode_for(None, gap3) == "diffusion" and backend.mode_for(None, gap6) == "ar"
+    assert backend.mode_for(None, "infill") == "ar" and backend.mode_for(None, "infill", 2) == "diffusion"
+    assert backend.mode_for(None, (False, False)) == "diffusion"  # a continuation: its own default
+    # Measured with a decoder that is not served: left out, said once on stderr.
+    (model_dir / GAP_MODES_FILE).write_text(json.dumps({**table, "decoder_sha256": "ab" * 32}))
+    other = load_backend(model_dir, max_batch=1, threads=1, decoder_adapters=None)
+    assert other.mode_defaults.infill_by_gap == () and other.mode_for(None, gap3) == "ar"
+    assert "another decoder" in capsys.readouterr().err

@@ -22,14 +22,20 @@ from canvas.sampling.modes import ModeDefaults
 from canvas.sampling.sampler import SamplerConfig
 from canvas.server.http.endings import (
     CursorLine,
+    LeadCut,
     combine,
+    copies_after,
+    drop_lead,
     indent_rule,
     join_at,
     line_rule,
     repeat,
     suggestion_endings,
+    trim_tail,
+    typed_lead,
     unbalanced,
 )
+from canvas.server.http.llama_fields import Deadline
 from canvas.server.http.textgen import TextReader, TextTask, plan
 from canvas.server.http.textrun import Draft, Event, Finish, TextRun
 from tests.canvas.wsconn import served
@@ -95,6 +101,84 @@ def test_combine_takes_the_earliest_end() -> None:
     assert combine(at(3), None)("abcdef") == 3  # type: ignore[misc]
     assert combine(at(3), at(1), at(None))("abcdef") == 1  # type: ignore[misc]
     assert combine(at(None), at(None))("abcdef") is None  # type: ignore[misc]
+
+
+def test_the_lead_is_the_partial_word_after_one_space() -> None:
+    assert typed_lead("that it would n") == " n"
+    assert typed_lead("The company had applie") == " applie"
+    assert typed_lead("a corporeal ") == " "  # the space typed after a word: the next word starts with it
+    assert typed_lead("end.  ") == "" and typed_lead("x\n  ") == "" and typed_lead("foo(ba") == ""
+    assert typed_lead("I don'") == "" and typed_lead("") == "" and typed_lead("word") == ""
+    assert typed_lead("see " + "x" * 40) == ""  # a long run is code or a URL: healed by the engine as before
+
+
+def test_the_lead_leaves_the_prompt_and_the_answer() -> None:
+    ar = SamplerConfig(mode="ar")
+    ends = suggestion_endings("It rained.\nThe cat would n", "\nNext line.\n", ar, heal=True)
+    assert ends.lead == " n" and ends.config.ar_lead == " n"
+    assert ends.cut is not None and ends.cut(" never go out.\nMore") == len(" never go out.")
+    assert suggestion_endings("The cat would n", "\n", ar).lead == ""  # heal=False: as before
+    assert suggestion_endings("The cat would n", "\n", SamplerConfig(), heal=True).lead == ""  # diffusion
+    assert suggestion_endings("The cat would n", "\n", ar, heal=True, one_gap=False).lead == ""
+    assert drop_lead(" never go out.", " n") == "ever go out."
+    assert drop_lead(" ", " ") == "" and drop_lead(" ap", " applie") == ""  # cut before the lead was whole
+    cut = LeadCut(" applie")
+    assert [cut(p) for p in (" app", "lied", " for it", "")] == ["", "d", " for it", ""]
+
+
+def test_a_text_cut_by_time_ends_on_a_word_it_can_end_on() -> None:
+    assert trim_tail(" or") == "" and trim_tail(" of the") == ""  # nothing whole: dropped
+    assert trim_tail(" worth $2.1 million, and the") == " worth $2.1 million"
+    assert trim_tail(" in the car, ") == " in the car"
+    assert trim_tail(" the police said.") == " the police said." and trim_tail(" f(x)") == " f(x)"
+    assert trim_tail(" I love you") == " I love you" and trim_tail("") == ""
+
+
+def test_a_copy_of_a_line_that_follows_is_known() -> None:
+    after = "\n\nWhat is your age\nI am still young by your standards.\n"
+    assert copies_after(" I am still young by your standards.", after)
+    assert not copies_after(" as self-employed.", after)
+    assert not copies_after(" age", after)  # too short to call a copy
+    assert not copies_after(" I am still young.\nMore", after)  # every line must be a copy
+
+
+def test_the_deadline_says_which_choices_it_ended() -> None:
+    settled: list[int] = []
+
+    class Run:
+        def settle(self, index: int) -> None:
+            settled.append(index)
+
+    deadline = Deadline(Run(), 1)  # type: ignore[arg-type]
+    deadline(Draft(0, " a line", 1, 8, 0))  # the clock starts at a choice's first draft
+    time.sleep(0.01)
+    deadline(Draft(0, " a line", 2, 8, 0))  # time is up, but the line has not ended
+    assert not deadline.fired
+    deadline(Draft(0, " a line.", 3, 8, 0, ended=True))
+    assert deadline.fired == {0} and settled == [0]
+
+
+def test_the_infill_answer_drops_the_lead_trims_a_timed_out_tail_and_drops_a_copy() -> None:
+    from types import SimpleNamespace
+
+    from canvas.server.http.llama_infill import InfillRequest, _result
+
+    api = SimpleNamespace(backend=SimpleNamespace(name="m"))
+    task = SimpleNamespace(max_tokens=32, config=SamplerConfig(mode="ar"), seed=1, stop=())
+    plan_ = SimpleNamespace(request=SimpleNamespace(config=SamplerConfig()), truncated=False, prompt_tokens=3)
+    req = InfillRequest(prompt="It would n", input_suffix="\nIt was not a good day for it.\n")
+
+    def answer(text: str, reason: str = "rule", *, timed_out: bool = False) -> str:
+        f = Finish(0, reason, text, 3, None, 2, 0.0, 0.1)  # type: ignore[arg-type]
+        out = _result(api, req, task, plan_, f, " n", timed_out=timed_out)  # type: ignore[arg-type]
+        return str(out["content"])
+
+    assert answer(" never go out, and the") == "ever go out, and the"  # the model ended it: kept
+    assert answer(" never go out, and the", timed_out=True) == "ever go out"
+    assert answer(" never", "eos", timed_out=True) == "ever"
+    assert answer(" n", timed_out=True) == "" and answer(" ", timed_out=True) == ""
+    assert answer(" It was") == ""  # not started with its lead: nothing of it follows the cursor
+    assert answer(" not a good day for it.") == ""  # "ot a good day for it." is inside the next line: a copy
 
 
 # ---- a run whose drafts all reach their end -----------------------------------------------------------------------
@@ -211,6 +295,30 @@ def test_llama_vim_at_a_half_typed_line_gets_one_line_never_an_empty_one(client:
         assert r.status_code == 200, r.text
         content = r.json()["content"]
         assert content.strip() and "\n" not in content, content  # the rest of this line, never an empty first line
+
+
+def test_a_typed_space_is_written_again_by_the_model_not_twice(client: TestClient, backend: Backend,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """SAMPLE's cursor line ends with a space: the prompt the engine gets ends before it (its last token is a word,
+    not a lone space), and the suggestion never starts with whitespace (the first token wrote the space)."""
+    seen: list[GenRequest] = []
+    submit = backend.engine.submit
+
+    def spy(req: GenRequest, *a: object, **kw: object) -> GenHandle:
+        seen.append(req)
+        return submit(req, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(backend.engine, "submit", spy)
+    for seed in range(4):
+        r = client.post("/infill", json={**fim_body(SAMPLE, 1000), "seed": seed})
+        assert r.status_code == 200, r.text
+        content = r.json()["content"]
+        assert content and not content[0].isspace(), content
+    assert len(seen) == 4
+    for req in seen:
+        assert req.config.ar_lead == " "
+        left = [*req.context_ids, *req.slot_ids[: req.pinned.index(False)]]
+        assert backend.tokenizer.decode(left[-8:]).endswith("sun came")
 
 
 def test_the_row_stops_when_every_draft_has_ended_its_line(client: TestClient, backend: Backend,
