@@ -13,6 +13,8 @@
     dcanvas bench soak [--minutes 60 --sessions 20 --faults all --seed 1]   (see canvas.soak.run)
     dcanvas bench drafts [--model DIR] [--drafts 8]   K batched AR drafts vs one (see canvas.bench.drafts)
     dcanvas bench typing --url URL [--keystrokes 10]   llama.vim's requests while typing (see canvas.bench.typing)
+    dcanvas bench http [--prompt 256 --tokens 64 --runs 8]   plain continuation over HTTP vs llama-server on the same
+        weights, alternating request by request (see canvas.bench.http)
 Each figure is the median of several runs, ours and the reference alternating; the last line is one JSON object
 with the machine noted. Presets use random weights (throughput does not depend on what the weights say); token
 identity over 48 steps wants trained weights (`--model DIR`): with random weights every slot's entropy is within
@@ -209,6 +211,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     from canvas.bench.typing import register as register_typing
 
     register_typing(sub.add_parser("typing", help="a typing session replayed against a server's /infill, as llama.vim"))
+    from canvas.bench.http import register as register_http
+
+    register_http(sub.add_parser("http", help="plain continuation over HTTP: ours vs llama-server, alternating"))
     k = sub.add_parser("kernels", help="Triton kernels vs their references (CUDA)")
     k.add_argument("rest", nargs=argparse.REMAINDER)
     k.set_defaults(func=_run_kernels)

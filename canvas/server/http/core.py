@@ -238,14 +238,15 @@ class HttpApi:
             raise
         return run
 
-    async def collect(self, request: Request, run: TextRun,
-                      watch: Callable[[Event], None] | None = None) -> list[Finish]:
-        """Every choice's `Finish`, in order (a non-streaming response). `watch` sees each event as it comes.
+    async def collect(self, request: Request, run: TextRun, watch: Callable[[Event], None] | None = None, *,
+                      drafts: bool = True) -> list[Finish]:
+        """Every choice's `Finish`, in order (a non-streaming response). `watch` sees each event as it comes;
+        `drafts=False`: it reads no `Draft` (none is made: `TextRun.events`).
         Raises ClientGone when the client disconnects first (the generation is cancelled) or GenerationFailed."""
 
         async def work() -> list[Finish]:
             finishes: dict[int, Finish] = {}
-            async for ev in run.events():
+            async for ev in run.events(drafts):
                 if watch is not None:
                     watch(ev)
                 if isinstance(ev, Finish):
@@ -265,16 +266,18 @@ class HttpApi:
             self.release(run.task.n, outcome)
 
     def stream(self, run: TextRun, render: Callable[[Event], list[str]], end: Callable[[], list[str]],
-               failed: Callable[[str], list[str]], head: list[str] | None = None) -> EventStream:
+               failed: Callable[[str], list[str]], head: list[str] | None = None, *,
+               drafts: bool = True) -> EventStream:
         """A streaming response: `head` goes out at once, `render` turns each event into SSE chunks, `end` writes
-        the tail once every choice has finished, `failed` the chunks that report an engine failure."""
+        the tail once every choice has finished, `failed` the chunks that report an engine failure. `drafts=False`:
+        `render` reads no `Draft` (none is made: `TextRun.events`)."""
         outcome = ["cancelled"]  # until the stream ends by itself
 
         async def events() -> AsyncIterator[str]:
             for chunk in head or ():
                 yield chunk
             try:
-                async for ev in run.events():
+                async for ev in run.events(drafts):
                     for chunk in render(ev):
                         yield chunk
                 for chunk in end():

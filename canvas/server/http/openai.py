@@ -364,9 +364,10 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
     except Refusal as e:
         return _error(e)
     deadline = Deadline(run, req.t_max_predict_ms)
+    timed = req.t_max_predict_ms > 0  # only then does the deadline read drafts
     if not req.stream:
         try:
-            done = await api.collect(request, run, deadline)
+            done = await api.collect(request, run, deadline, drafts=timed)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         except GenerationFailed as e:
@@ -424,7 +425,7 @@ async def _serve(api: HttpApi, request: Request, req: _Common, task: TextTask, *
         head.append(sse({"id": rid, "object": chunk_kind, "created": created, "model": name,
                          "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                       "finish_reason": None} for i in range(task.n)]}))
-    return api.stream(run, render, end, failed, head=head)
+    return api.stream(run, render, end, failed, head=head, drafts=want_draft or timed)
 
 
 def _final(rid: str, created: int, name: str, kind: str, finishes: list[Finish], prompt_tokens: int,

@@ -144,8 +144,13 @@ class TextRun:
     def running(self) -> bool:
         return any(not c.finished for c in self.choices)
 
-    async def events(self) -> AsyncGenerator[Event, None]:
-        """Every choice's events until all have finished; raises GenerationFailed."""
+    async def events(self, drafts: bool = True) -> AsyncGenerator[Event, None]:
+        """Every choice's events until all have finished; raises GenerationFailed. `drafts=False`: the caller reads
+        no `Draft`, so none is made; where no early end can come of them either (the task has no cut rule and no
+        stop sequence: `endings.early_end` ends nothing then), frames are not read as text at all until their canvas
+        is committed (a probe decodes the whole canvas's written text again, once a frame). The deltas and the
+        finish are the same either way: a probe reads a copy of the reader."""
+        probe_frames = drafts or self.task.cut is not None or bool(self.task.stop)
         try:
             while self.running:
                 if not self._settle:
@@ -162,7 +167,7 @@ class TextRun:
                     for out in self._settle_now(self.choices[i]):
                         yield out
                 self._settle.clear()
-                for c in self.choices:
+                for c in self.choices if probe_frames else ():
                     if c.fresh and not c.finished and c.last is not None:
                         c.fresh = False
                         probe = c.reader.probe(c.last.draft, c.last.written)
@@ -171,8 +176,9 @@ class TextRun:
                             for out in self._commit(c, end[0], last=True, settled=end[2], written=end[1]):
                                 yield out
                             continue
-                        yield Draft(c.index, probe.text, c.last.step, c.last.max_steps, c.last.canvas_index,
-                                    probe.reason in ("rule", "word"))
+                        if drafts:
+                            yield Draft(c.index, probe.text, c.last.step, c.last.max_steps, c.last.canvas_index,
+                                        probe.reason in ("rule", "word"))
         finally:
             self.close()
 
