@@ -23,9 +23,10 @@ reference with one warning where they cannot be built):
 `kernels.bench` (`python -m kernels.bench`, `dcanvas bench kernels`) times them on CUDA, `kernels.cpu_bench` the CPU
 ones. The kernels are forward-only: "auto" uses the references whenever an input requires grad.
 
-The bottom layer: imports nothing of the project; the model, the sampler, the engine (the AR draw), training's
-objective and the benchmarks import it.
-Imports: nothing.
+The bottom layer: imports nothing of the project but `canvas.env`, which names and reads its environment
+variables (layer 0 as well); the model, the sampler, the engine (the AR draw), training's objective and the
+benchmarks import it.
+Imports: `canvas`.
 Imported by: `canvas.bench`, `canvas.engine`, `canvas.model`, `canvas.sampling` and `canvas.training`.
 
 No `__version__` here on purpose: transformers probes any importable `kernels` package (the HF hub kernels

@@ -35,10 +35,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT_S", "LOCK_NAME", "LOCK_TIMEOUT_ENV", "NOTICE_EVERY_S", "STAGE_PREFIX", "TORCH_BATON",
+from canvas.env import KERNEL_LOCK_TIMEOUT
+
+__all__ = ["DEFAULT_LOCK_TIMEOUT_S", "LOCK_NAME", "NOTICE_EVERY_S", "STAGE_PREFIX", "TORCH_BATON",
            "LockTimeout", "build_lock", "build_once", "clear_stale", "lock_timeout_s"]
 
-LOCK_TIMEOUT_ENV = "DCANVAS_KERNEL_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0  # a full build takes ~1-4 min; a holder past 10 is stuck, not slow
 NOTICE_EVERY_S = 20.0
 LOCK_NAME = "build.lock"
@@ -59,15 +60,15 @@ def _stderr(line: str) -> None:
 
 def lock_timeout_s() -> float:
     """How long a process waits for another's build: `DCANVAS_KERNEL_LOCK_TIMEOUT` seconds, else 600."""
-    raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    raw = KERNEL_LOCK_TIMEOUT.text()
     if not raw:
         return DEFAULT_LOCK_TIMEOUT_S
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{LOCK_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
+        raise ValueError(f"{KERNEL_LOCK_TIMEOUT} must be a number of seconds, got {raw!r}") from None
     if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{LOCK_TIMEOUT_ENV} must be a finite number of seconds >= 0, got {raw!r}")
+        raise ValueError(f"{KERNEL_LOCK_TIMEOUT} must be a finite number of seconds >= 0, got {raw!r}")
     return value
 
 
@@ -96,7 +97,7 @@ def _acquire(fd: int, path: Path, what: str, timeout_s: float, say: Callable[[st
     start = time.monotonic()
     deadline, next_notice = start + timeout_s, start + notice_every_s
     say(f"dcanvas: waiting for {what}: {path} is held by {_describe(_holder(fd))} "
-        f"(gives up after {timeout_s:g} s; {LOCK_TIMEOUT_ENV} sets that)")
+        f"(gives up after {timeout_s:g} s; {KERNEL_LOCK_TIMEOUT} sets that)")
     while True:
         now = time.monotonic()
         if now >= deadline:
@@ -106,7 +107,7 @@ def _acquire(fd: int, path: Path, what: str, timeout_s: float, say: Callable[[st
             raise LockTimeout(
                 f"gave up after {timeout_s:g} s waiting for {what}: {path} is held by {_describe(pid)}; {clear}. "
                 f"The lock is released when its holder exits, so never delete the file; "
-                f"{LOCK_TIMEOUT_ENV}=SECONDS waits longer")
+                f"{KERNEL_LOCK_TIMEOUT}=SECONDS waits longer")
         if now >= next_notice:
             say(f"dcanvas: still waiting for {what} ({now - start:.0f} s): {path} is held by "
                 f"{_describe(_holder(fd))}")

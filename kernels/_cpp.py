@@ -36,12 +36,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Literal
 
+from canvas.env import KERNEL_CACHE, Q8_ISA
 from kernels._build_lock import LockTimeout, build_once
 
-__all__ = ["CACHE_ENV", "ISA_ENV", "build_dir", "build_error", "build_isa", "cflags", "extension", "load_extension"]
+__all__ = ["build_dir", "build_error", "build_isa", "cflags", "extension", "load_extension"]
 
-ISA_ENV = "DCANVAS_Q8_ISA"  # force "avx512_vnni", "avx2" or "scalar" (tests build each path the CPU can run)
-CACHE_ENV = "DCANVAS_KERNEL_CACHE"
 _HERE = Path(__file__).parent
 _SOURCES = [_HERE / "_cpp_bindings.cpp", _HERE / "q8_gemm.cpp", _HERE / "rmsnorm_cpu.cpp", _HERE / "attend_cpu.cpp",
             _HERE / "act_cpu.cpp", _HERE / "sample_cpu.cpp"]
@@ -74,13 +73,13 @@ def build_isa() -> str:
     """The instruction-set path this machine builds: `DCANVAS_Q8_ISA` if set (must be one the CPU runs), else the
     widest of avx512_vnni, avx2, scalar that /proc/cpuinfo lists."""
     flags = _cpu_flags()
-    forced = os.environ.get(ISA_ENV, "").strip().lower()
+    forced = Q8_ISA.word()  # tests force each path the CPU can run
     if forced:
         if forced not in _ISA_FLAGS:
-            raise ValueError(f"{ISA_ENV} must be one of {tuple(_ISA_FLAGS)}, got {forced!r}")
+            raise ValueError(f"{Q8_ISA} must be one of {tuple(_ISA_FLAGS)}, got {forced!r}")
         missing = _ISA_FLAGS[forced][1] - flags
         if missing:
-            raise ValueError(f"{ISA_ENV}={forced} needs CPU flags this machine lacks: {sorted(missing)}")
+            raise ValueError(f"{Q8_ISA}={forced} needs CPU flags this machine lacks: {sorted(missing)}")
         return forced
     return next(isa for isa, (_, need) in _ISA_FLAGS.items() if need <= flags)
 
@@ -91,7 +90,7 @@ def cflags(isa: str) -> list[str]:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dcanvas" / "kernels")
+    return Path(KERNEL_CACHE.get() or Path.home() / ".cache" / "dcanvas" / "kernels")
 
 
 def _build_key(name: str, files: Sequence[Path], compile_flags: Sequence[str], link_flags: Sequence[str]) -> str:

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 
+from canvas.env import KERNELS
+
 try:  # triton is optional: CPU-only installs (macOS, minimal CI) run the torch references.
     import triton
     import triton.language as tl
@@ -37,7 +39,6 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 __all__ = [
     "HAS_TRITON",
-    "ENV_VAR",
     "cdiv",
     "dot_in_fp32",
     "Impl",
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 Impl = Literal["auto", "triton", "ref"]
-ENV_VAR = "DCANVAS_KERNELS"
 _IMPLS: tuple[str, ...] = ("auto", "triton", "ref")
 
 
@@ -66,14 +66,14 @@ def interpreting() -> bool:
 
 
 def _env_choice() -> Literal["triton", "ref"] | None:
-    raw = os.environ.get(ENV_VAR, "").strip().lower()
+    raw = KERNELS.word()
     if not raw or raw == "auto":
         return None
     if raw == "triton":
         return "triton"
     if raw == "ref":
         return "ref"
-    raise ValueError(f"{ENV_VAR} must be 'triton', 'ref' or 'auto', got {raw!r}")
+    raise ValueError(f"{KERNELS} must be 'triton', 'ref' or 'auto', got {raw!r}")
 
 
 def _triton_can_run(tensors: tuple[torch.Tensor, ...]) -> tuple[bool, str]:

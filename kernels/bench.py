@@ -41,7 +41,7 @@ from kernels.rmsnorm import rms_norm_add, rms_norm_add_ref
 from kernels.sampler_step import sampler_step, sampler_step_ref
 from kernels.soft_embed import soft_embedding, soft_embedding_ref
 
-__all__ = ["BenchShapes", "add_arguments", "build_cases", "main", "run"]
+__all__ = ["BenchShapes", "add_arguments", "build_cases", "git_sha", "main", "run"]
 
 _COMPILE_BUDGET_S = 360.0  # stop adding torch.compile baselines after this much wall time
 
@@ -274,7 +274,8 @@ def measure_peaks() -> tuple[float, float]:
     return 2 * 2**30 / (copy_ms() * 1e-3) / 1e9, 2 * n**3 / (matmul_ms(n) * 1e-3) / 1e12
 
 
-def _git_sha() -> str:
+def git_sha() -> str:
+    """The checkout's HEAD commit, for a result's record ("unknown" outside a git checkout)."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -311,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         "gpu": torch.cuda.get_device_name() if on_gpu else None,
         "torch": torch.__version__,
         "triton": _triton_version(),
-        "git_sha": _git_sha(),
+        "git_sha": git_sha(),
         "python": platform.python_version(),
     }
     rows: list[Row] = []

@@ -34,7 +34,7 @@ from kernels import attend_cpu
 from kernels._cpp import build_isa
 from kernels.act_cpu import gelu_mul, gelu_mul_ref, softcap_, softcap_ref
 from kernels.attend_cpu import attend_one
-from kernels.bench import _git_sha
+from kernels.bench import git_sha
 from kernels.q8_gemm import available, q8_linear, q8_linear_ref, quantize_weight, use_amx
 from kernels.rmsnorm_cpu import rms_norm_fused
 from kernels.sample_cpu import draw_tokens, draw_tokens_ref
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     draws = _draws(args.reps, g)
     ok &= all(d["same_tokens"] for d in draws)
     out = {"isa": build_isa(), "amx": amx, "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "git_sha": _git_sha(), "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts,
+           "git_sha": git_sha(), "checks_ok": ok, "rows": rows, "norm": norm, "activations": acts,
            "attention": attention, "draws": draws}
     if not args.json:
         print(f"{'op':<8} {'N':>6} {'K':>5} {'M':>4} {'q8 ms':>8} {'int8pack':>9} {'fp32':>8} {'q8 GB/s':>8} "

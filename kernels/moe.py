@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kernels._triton import Impl, dot_in_fp32, jit, next_power_of_2, resolve_impl, tl
 from kernels._triton import cdiv as triton_cdiv
-from kernels.moe_align import MoeAlignment, _moe_align_triton, moe_align_block_size
+from kernels.moe_align import MoeAlignment, moe_align_block_size, moe_align_triton
 
 __all__ = [
     "MoeAlignment",
@@ -326,7 +326,7 @@ def fused_moe_triton(
     w_gate_up = w_gate_up.contiguous()  # no-ops for parameters; the kernels assume unit stride in the reduced dim
     w_down = w_down.contiguous()
     p = t * k
-    align = _moe_align_triton(topk_ids, tiles.block_m, e)  # inputs validated above
+    align = moe_align_triton(topk_ids, tiles.block_m, e)  # inputs validated above
     num_m_tiles = align.sorted_token_ids.numel() // tiles.block_m
     dot_fp32 = dot_in_fp32(out_dtype)
     act = torch.empty(p, i, dtype=out_dtype, device=hidden_states.device)  # (P, I)

@@ -17,7 +17,7 @@ import torch
 
 from kernels._triton import Impl, jit, next_power_of_2, resolve_impl, tl
 
-__all__ = ["MoeAlignment", "moe_align_block_size"]
+__all__ = ["MoeAlignment", "moe_align_block_size", "moe_align_triton"]
 
 
 class MoeAlignment(NamedTuple):
@@ -115,7 +115,9 @@ def _moe_align_kernel(
         tl.store(sorted_ptr + dest, offs, mask=valid)
 
 
-def _moe_align_triton(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> MoeAlignment:
+def moe_align_triton(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> MoeAlignment:
+    """The Triton path of `moe_align_block_size`, without its checks: for a caller that validated `topk_ids`
+    (`kernels.moe.fused_moe_triton`)."""
     flat = topk_ids.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
@@ -172,5 +174,5 @@ def moe_align_block_size(
     if num_experts < 1:
         raise ValueError(f"num_experts must be >= 1, got {num_experts}")
     if resolve_impl(impl, topk_ids) == "triton":
-        return _moe_align_triton(topk_ids, block_m, num_experts)
+        return moe_align_triton(topk_ids, block_m, num_experts)
     return _moe_align_torch(topk_ids, block_m, num_experts)

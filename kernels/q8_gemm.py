@@ -43,9 +43,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from kernels._cpp import ISA_ENV, auto_impl, build_error, build_isa, extension
+from kernels._cpp import auto_impl, build_error, build_isa, extension
 
-__all__ = ["GROUP", "ISA_ENV", "Impl", "QK", "available", "build_isa", "kernel", "live_columns", "q8_linear",
+__all__ = ["GROUP", "Impl", "QK", "available", "build_isa", "kernel", "live_columns", "q8_linear",
            "q8_linear_cpp", "q8_linear_ref", "quantize_activations_ref", "quantize_weight", "unpack_weight",
            "use_amx"]
 

@@ -16,7 +16,7 @@ import os
 
 from hypothesis import settings
 
-from canvas.convert.resolve import MODEL_ENV
+from canvas.env import MODEL
 
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-os.environ[MODEL_ENV] = "embedded"
+os.environ[MODEL.name] = "embedded"

@@ -25,6 +25,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.screen import Screen
 
+from canvas.env import TOKEN
 from canvas.protocol import DocState, ProtocolError
 from canvas.protocol.client import ConnectionLost, DcanvasClient
 from tui.embedded import EmbeddedServerError, LocalServer
@@ -258,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     except OSError:
         logging.disable(logging.CRITICAL)
-    token = args.token or os.environ.get("DCANVAS_TOKEN") or None
+    token = args.token or TOKEN.get() or None
     model, fallback = args.model, None
     if server is None:  # the model is chosen (and the why of a fallback said, a build shown) before the UI starts
         from canvas.convert.resolve import ModelUnavailable, resolve_model

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from canvas.env import TOKEN
 from canvas.protocol import ErrorCode, GenProgress, MaskOp, ProtocolError
 from canvas.protocol.client import DcanvasClient, Generation
 from canvas.soak.server import rss_mib
@@ -434,7 +435,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="an existing server's ws URL (default: start one)")
     parser.add_argument("--pid", type=int, default=None, help="with --url: the server's pid, to sample its RSS")
     parser.add_argument("--model", default=None, help="model directory for the server that is started")
-    parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"))
+    parser.add_argument("--token", default=TOKEN.get())
     parser.add_argument("--max-batch", type=int, default=8, help="the started server's --max-batch")
     parser.add_argument("--threads", type=int, default=None, help="the started server's --threads")
     parser.add_argument("--first-frame-slo", default=None, help="the started server's --first-frame-slo")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 import urllib.error
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from canvas.bench.common import machine
+from canvas.env import TOKEN
 
 PROBES = Path(__file__).resolve().parents[1] / "convert" / "probes.jsonl"
 RESPONSE_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="the server's HTTP base, e.g. http://127.0.0.1:8765 (dcanvas "
                         "serve or llama.cpp's llama-server)")
-    parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"), help="bearer token, if the server asks")
+    parser.add_argument("--token", default=TOKEN.get(), help="bearer token, if the server asks")
     parser.add_argument("--text", default=None, help="the document (default: the probe set's news texts, joined)")
     parser.add_argument("--keystrokes", type=int, default=10, help="characters typed, one request each (default 10)")
     parser.add_argument("--prefix-chars", type=int, default=6000,

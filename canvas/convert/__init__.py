@@ -13,11 +13,12 @@
 - `build`: `dcanvas model build` (the cached default model) and `dcanvas convert`; `cli`: their commands;
 - `resolve`: which model a command serves when `--model` is not given (one rule for serve, generate, tui, eval).
 
-Imports point one way: this package uses `canvas.model` and `canvas.sampling` (the defaults a build writes), never
-the engine, the server or the UI. Above it, the engine (which model to load, the FIM prompt), the server and its
-HTTP dialects (which model; the sentinels' text), the eval, training (sources, adapters, the FIM format), the
-benchmarks (the GGUF beside a build), the TUI (which model) and the CLI import it.
-Imports: `canvas.model` and `canvas.sampling`.
+Imports point one way: this package uses `canvas.model`, `canvas.sampling` (the defaults a build writes) and
+`canvas.env` (`DCANVAS_MODEL`, `DCANVAS_CACHE`), never the engine, the server or the UI. Above it, the engine
+(which model to load, the FIM prompt), the server and its HTTP dialects (which model; the sentinels' text), the
+eval, training (sources, adapters, the FIM format), the benchmarks (the GGUF beside a build), the TUI (which model)
+and the CLI import it.
+Imports: `canvas`, `canvas.model` and `canvas.sampling`.
 Imported by: `canvas.bench`, `canvas.cli`, `canvas.engine`, `canvas.eval`, `canvas.server`, `canvas.server.http`,
 `canvas.training` and `tui`.
 """

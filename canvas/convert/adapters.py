@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from canvas.model import DiffusionModel
 
@@ -27,6 +28,16 @@ LORA_TARGETS = ("attn.qkv", "attn.o_proj", "mlp_gate_up", "mlp_down")
 FROZEN = ("post_feedforward_layernorm_1",)
 WEIGHTS, META = "adapters.safetensors", "adapters.json"
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def param_owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module that holds the parameter `name` (dotted, as `named_parameters` gives it) and its attribute there:
+    where an adapter on that weight is attached."""
+    *path, leaf = name.split(".")
+    module = model
+    for part in path:
+        module = getattr(module, part)
+    return module, leaf
 
 
 def is_lora_target(name: str, n_layers: int) -> bool:

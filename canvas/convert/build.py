@@ -31,6 +31,7 @@ import torch
 from canvas.convert.fim import recorded_fim_adapters
 from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
 from canvas.convert.source import GGUF_PACKAGE, cache_hf, gguf_from_wheels, load_gemma3, notice_files, sha256_file
+from canvas.env import CACHE
 from canvas.model import DiffusionModel
 from canvas.sampling.sampler import SamplerConfig
 
@@ -61,7 +62,7 @@ class BuildConfig:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("DCANVAS_CACHE")
+    env = CACHE.get()
     if env:
         return Path(env)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dcanvas"
@@ -174,7 +175,7 @@ def is_built(out: Path, fp: dict[str, Any]) -> bool:
     return meta.get("fingerprint") == fp and meta.get("files") == _files_sha(out)
 
 
-def _source(cache: Path, steps: Callable[[str], None]) -> tuple[Any, Any]:
+def load_source(cache: Path, steps: Callable[[str], None]) -> tuple[Any, Any]:
     """The Gemma 3 model and tokenizer: from the HF copy when it matches the GGUF, else from the GGUF (slow)."""
     import importlib
 
@@ -317,7 +318,7 @@ def build(cfg: BuildConfig = BuildConfig(), *, cache: Path | None = None, force:
         steps(f"up to date: {out}")
         return out
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
-    source, tok = _source(cache, steps)
+    source, tok = load_source(cache, steps)
     fits = _write(source, tok, cfg, out, steps, adapters=True)
     (out / "build.json").write_text(json.dumps({"fingerprint": fp, "files": _files_sha(out),
                                                 "anchor_cv": [round(f.cv, 5) for f in fits]}, indent=2) + "\n")

@@ -125,7 +125,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     import torch
 
-    from canvas.convert.build import _source, cache_root
+    from canvas.convert.build import cache_root, load_source
     from canvas.convert.source import GemmaUnavailable
 
     if args.threads:
@@ -148,7 +148,7 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         passages = [] if args.only == "probes" else _passages(args)
         model_dir = None if args.only == "conversion" else _built(args)
-        source, tok = _source(args.cache or cache_root(), lambda what: print(what, file=sys.stderr))
+        source, tok = load_source(args.cache or cache_root(), lambda what: print(what, file=sys.stderr))
     except (GemmaUnavailable, FileNotFoundError) as e:
         print(f"dcanvas model check: {e}", file=sys.stderr)
         return 2

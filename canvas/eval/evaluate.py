@@ -369,7 +369,8 @@ def examples(records: Sequence[Record], samples: dict[str, list[Sample]], cfg: E
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------------------
-def _ints(value: str) -> tuple[int, ...]:
+def parse_ints(value: str) -> tuple[int, ...]:
+    """An argparse type: "32,64" -> (32, 64); the eval's size lists and training's eval points share it."""
     try:
         return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -425,22 +426,22 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="samples per task (default 16)")
     parser.add_argument("--seed", type=int, default=None, help="passage choice and sampler seeds (default 0)")
     parser.add_argument("--examples", type=int, default=None, help="samples per task quoted in the result (1)")
-    parser.add_argument("--gaps", type=_ints, default=None, help="infill gap sizes in tokens (default 32,64)")
+    parser.add_argument("--gaps", type=parse_ints, default=None, help="infill gap sizes in tokens (default 32,64)")
     parser.add_argument("--chunks-per-doc", dest="chunks_per_doc", type=int, default=None,
                         help="passages per document at most (default 4)")  # fmt: skip
     parser.add_argument("--modes", type=_modes, default=None, help="modes to run (default diffusion,ar)")
     parser.add_argument("--no-ar", dest="no_ar", action="store_true", help="skip the AR-mode runs (--modes diffusion)")
     parser.add_argument("--no-continuation", dest="no_continuation", action="store_true",
                         help="infill tasks only (comparing infill settings: no continuation task, no sweep)")
-    parser.add_argument("--ar-drafts", dest="ar_drafts", type=_ints, default=None,
+    parser.add_argument("--ar-drafts", dest="ar_drafts", type=parse_ints, default=None,
                         help="AR drafts K to compare, one AR variant each (default: the model's setting)")
-    parser.add_argument("--ar-seam-tokens", dest="ar_seam_tokens", type=_ints, default=None,
+    parser.add_argument("--ar-seam-tokens", dest="ar_seam_tokens", type=parse_ints, default=None,
                         help="AR seam tokens S to compare (default: the model's setting)")  # fmt: skip
     parser.add_argument("--ar-temperature", dest="ar_temperature", type=_floats, default=None,
                         help="AR draft temperatures to compare (default: the model's setting)")
     parser.add_argument("--fim", dest="fim", type=_switches, default=None,
                         help="FIM prompting to compare, on,off (default: the model's setting: on when it has FIM)")
-    parser.add_argument("--ar-smc-every", dest="ar_smc_every", type=_ints, default=None,
+    parser.add_argument("--ar-smc-every", dest="ar_smc_every", type=parse_ints, default=None,
                         help="SMC resampling of the drafts every N tokens to compare, 0 for off (default: the "
                              "model's setting)")  # fmt: skip
     parser.add_argument("--ar-min-p", dest="ar_min_p", type=_floats, default=None,
@@ -463,7 +464,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="entropy bounds (default 0.05,0.1,0.3,1.0)",
     )
-    parser.add_argument("--sweep-steps", dest="sweep_steps", type=_ints, default=None, help="step budgets (8,16,48)")
+    parser.add_argument("--sweep-steps", dest="sweep_steps", type=parse_ints, default=None,
+                        help="step budgets (8,16,48)")
     parser.add_argument("--speed-scale", dest="speed_scale", type=float, default=None,
                         help="multiply the speed bounds (2.0 s per 32-token infill, 3.5 s per 64) by this on a "
                              "slower machine than theirs (default 1)")  # fmt: skip

@@ -26,7 +26,7 @@ from typing import Any
 
 from canvas.eval.choice import quality_loss
 from canvas.eval.metrics import REPEAT_POINTS, speed_bound
-from canvas.eval.report import _ci, _f, _pct
+from canvas.eval.report import fmt_ci, fmt_num, fmt_pct
 from canvas.sampling.modes import GAP_MODES_FILE, read_gap_modes
 
 # Issue 49's bounds for diffusion infill on the held-out split (speed is compared with AR at the same size).
@@ -128,8 +128,9 @@ def gap_markdown(table: list[dict[str, Any]], choice: list[dict[str, Any]]) -> s
     for r in table:
         serves = chosen[r["gap"]]["mode"] == r["mode"]
         lines.append(f"| {r['gap']} | {r['variant']}{' (degenerate)' if r['degenerate'] else ''} "
-                     f"| {_ci(r['fill_ratio'], r['fill_ratio_ci'])} | {_ci(r['seam_ratio'], r['seam_ratio_ci'])} "
-                     f"| {_pct(r['repeat_4gram'])} ({_pct(r['repeat_4gram_human'])}) | {_f(r['tokens_per_forward'])} "
-                     f"| {_f(r['seconds_per_fill'])} | {_pct(r['null_share'])} | {'yes' if serves else ''} |")
+                     f"| {fmt_ci(r['fill_ratio'], r['fill_ratio_ci'])} | {fmt_ci(r['seam_ratio'], r['seam_ratio_ci'])} "
+                     f"| {fmt_pct(r['repeat_4gram'])} ({fmt_pct(r['repeat_4gram_human'])}) "
+                     f"| {fmt_num(r['tokens_per_forward'])} | {fmt_num(r['seconds_per_fill'])} "
+                     f"| {fmt_pct(r['null_share'])} | {'yes' if serves else ''} |")
     lines += ["", *(f"- {c['gap']} tokens: {c['mode']} ({c['why']})" for c in choice), ""]
     return "\n".join(lines)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from canvas.env import TOKEN
 from canvas.eval.client_shapes import SHAPES, Sender, Shape
 from canvas.eval.samples import EvalError
 
@@ -63,7 +63,7 @@ def run_remote(args: argparse.Namespace) -> int:
 
     if args.url is None:
         return fail(f"--task {args.task} needs --url (a running server)")
-    token = args.token if args.token is not None else os.environ.get("DCANVAS_TOKEN")
+    token = args.token if args.token is not None else TOKEN.get()
     t0 = time.perf_counter()
     try:
         servers = {"url": Sender(args.url, token)}

@@ -23,18 +23,20 @@ from canvas.eval.metrics import AR_SETTINGS
 PLACEHOLDER = "Not evaluated at export time; run `dcanvas eval` (its table belongs here)."
 
 
-def _f(value: float, digits: int = 2) -> str:
+def fmt_num(value: float, digits: int = 2) -> str:
+    """A table cell: `value` to `digits` decimals, "n/a" for a missing or NaN one."""
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def _ci(value: float, ci: Any) -> str:
+def fmt_ci(value: float, ci: Any) -> str:
     """A ratio with its 90% bootstrap interval when the result has one (older results do not)."""
     if not ci or any(c is None or math.isnan(c) for c in ci):
-        return _f(value)
-    return f"{_f(value)} ({_f(ci[0])}-{_f(ci[1])})"
+        return fmt_num(value)
+    return f"{fmt_num(value)} ({fmt_num(ci[0])}-{fmt_num(ci[1])})"
 
 
-def _pct(value: float) -> str:
+def fmt_pct(value: float) -> str:
+    """A table cell: a share as a whole percentage, "n/a" for a missing or NaN one."""
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
 
 
@@ -68,17 +70,18 @@ def markdown(result: dict[str, Any]) -> str:
         flag = "**degenerate**" if p["degenerate"] else ""
         lines.append(
             f"| {p['task']} | {p['variant']} | {settings} | {p['samples']} | "
-            f"{_ci(p['fill_ratio'], p.get('fill_ratio_ci'))} | {_ci(p['seam_ratio'], p.get('seam_ratio_ci'))} | "
-            f"{_pct(p['repeat_4gram'])} ({_pct(p['repeat_4gram_human'])}) | "
-            f"{_pct(p['join_faults'])} ({_pct(p['join_faults_human'])}) | "
-            f"{_pct(p['null_share'])} | {_f(p['seconds_per_canvas'])} | {_f(p['tokens_per_forward'])} | "
-            f"{_f(p['steps_per_canvas'], 1)} | {_pct(p['exact_length'])} | {_f(p['ratio'])} | {flag} |"
+            f"{fmt_ci(p['fill_ratio'], p.get('fill_ratio_ci'))} | {fmt_ci(p['seam_ratio'], p.get('seam_ratio_ci'))} | "
+            f"{fmt_pct(p['repeat_4gram'])} ({fmt_pct(p['repeat_4gram_human'])}) | "
+            f"{fmt_pct(p['join_faults'])} ({fmt_pct(p['join_faults_human'])}) | "
+            f"{fmt_pct(p['null_share'])} | {fmt_num(p['seconds_per_canvas'])} | {fmt_num(p['tokens_per_forward'])} | "
+            f"{fmt_num(p['steps_per_canvas'], 1)} | {fmt_pct(p['exact_length'])} | {fmt_num(p['ratio'])} | {flag} |"
         )
     modes = result["headline_variants"]
     lines += ["", f"Headline (the model's default modes: infill {modes['infill']}, continuation "
-              f"{modes['continuation']}): infill fill ratio {_f(result['fill_ratio_infill'])}, seam ratio "
-              f"{_f(result['seam_ratio_infill'])}; continuation fill ratio {_f(result['fill_ratio_continuation'])}, "
-              f"{_f(result['tokens_per_forward'])} tokens/forward, {_f(result['seconds_per_canvas'])} s/canvas."]
+              f"{modes['continuation']}): infill fill ratio {fmt_num(result['fill_ratio_infill'])}, seam ratio "
+              f"{fmt_num(result['seam_ratio_infill'])}; continuation fill ratio "
+              f"{fmt_num(result['fill_ratio_continuation'])}, {fmt_num(result['tokens_per_forward'])} tokens/forward, "
+              f"{fmt_num(result['seconds_per_canvas'])} s/canvas."]
     sweep = result.get("sweep")
     if sweep:
         ref, best = sweep["reference"], sweep["best_within_10pct"]
@@ -92,13 +95,13 @@ def markdown(result: dict[str, Any]) -> str:
         for p in sweep["points"]:
             rel = p["judge_ppl"] / ref["judge_ppl"] if ref["judge_ppl"] else float("nan")
             lines.append(
-                f"| {p['max_steps']} | {p['entropy_bound']:g} | {_f(p['judge_ppl'], 1)} | {_f(p['ratio'])} | "
-                f"{_f(rel)} | {_f(p['tokens_per_forward'])} | {_f(p['seconds_per_canvas'])} | "
-                f"{_f(p['steps_per_canvas'], 1)} |"
+                f"| {p['max_steps']} | {p['entropy_bound']:g} | {fmt_num(p['judge_ppl'], 1)} | {fmt_num(p['ratio'])} | "
+                f"{fmt_num(rel)} | {fmt_num(p['tokens_per_forward'])} | {fmt_num(p['seconds_per_canvas'])} | "
+                f"{fmt_num(p['steps_per_canvas'], 1)} |"
             )
         lines += ["", f"Reference: {ref['max_steps']} steps, bound {ref['entropy_bound']:g}. Fastest within 10% of "
                   f"its judge perplexity: {best['max_steps']} steps, bound {best['entropy_bound']:g}, "
-                  f"{_f(best['tokens_per_forward'])} tokens/forward."]  # fmt: skip
+                  f"{fmt_num(best['tokens_per_forward'])} tokens/forward."]  # fmt: skip
     choice = result.get("defaults_choice")
     if choice:
         kinds = ("infill", "continuation")
@@ -110,7 +113,7 @@ def markdown(result: dict[str, Any]) -> str:
               "|---|---|---|---:|---|"]  # fmt: skip
     for t in result["targets"]:
         where = f" ({t['at']})" if "at" in t else ""
-        measured = _pct(t["measured"]) if "4-grams" in t["target"] else _ci(t["measured"], t.get("ci"))
+        measured = fmt_pct(t["measured"]) if "4-grams" in t["target"] else fmt_ci(t["measured"], t.get("ci"))
         lines.append(f"| {t['task']} | {t['variant']} | {t['target']} | {measured}{where} | "
                      f"{'yes' if t['met'] else '**no**'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -121,14 +124,14 @@ def card_metrics(result: dict[str, Any]) -> dict[str, str]:
     keys = ("judge_ppl_ratio_infill", "fill_ratio_infill", "seam_ratio_infill", "judge_ppl_ratio_continuation",
             "fill_ratio_continuation", "judge_ppl_ratio_infill_ar", "judge_ppl_ratio_continuation_ar",
             "tokens_per_forward", "seconds_per_canvas")  # fmt: skip
-    out: dict[str, str] = {k: _f(result[k]) for k in keys if k in result}
+    out: dict[str, str] = {k: fmt_num(result[k]) for k in keys if k in result}
     if "headline_variants" in result:
         out["default_modes"] = ", ".join(f"{k} {v}" for k, v in result["headline_variants"].items())
     sweep = result.get("sweep")
     if sweep:
         best = sweep["best_within_10pct"]
         out["tokens_per_forward_within_10pct"] = (
-            f"{_f(best['tokens_per_forward'])} (steps {best['max_steps']}, bound {best['entropy_bound']:g})"
+            f"{fmt_num(best['tokens_per_forward'])} (steps {best['max_steps']}, bound {best['entropy_bound']:g})"
         )
     out["judge"] = str(result["judge"])
     return out
@@ -208,10 +211,10 @@ def clients_markdown(result: dict[str, Any]) -> str:
     ]
     for r in result["results"]:
         lines.append(
-            f"| {r['server']} | {r['shape']} | {r['requests']} | {r['errors']} | {_pct(r['empty_share'])} | "
-            f"{_pct(r['noise_share'])} ({_pct(r['noise_share_human'])}) | "
-            f"{_pct(r['echo_share'])} ({_pct(r['echo_share_human'])}) | {_f(r['first_line_ratio'])} | "
-            f"{_f(r['length_ratio_median'])} | {_f(r['seconds_median'])} | {_f(r['seconds_p95'])} |"
+            f"| {r['server']} | {r['shape']} | {r['requests']} | {r['errors']} | {fmt_pct(r['empty_share'])} | "
+            f"{fmt_pct(r['noise_share'])} ({fmt_pct(r['noise_share_human'])}) | "
+            f"{fmt_pct(r['echo_share'])} ({fmt_pct(r['echo_share_human'])}) | {fmt_num(r['first_line_ratio'])} | "
+            f"{fmt_num(r['length_ratio_median'])} | {fmt_num(r['seconds_median'])} | {fmt_num(r['seconds_p95'])} |"
         )
     errors = [(r["server"], r["shape"], e) for r in result["results"] for e in r["error_examples"]]
     if errors:
@@ -235,9 +238,9 @@ def code_markdown(result: dict[str, Any]) -> str:
     ]
     for r in result["results"]:
         lines.append(
-            f"| {r['server']} | {r['kind']} | {r['tasks']} | {r['errors']} | {_pct(r['empty_share'])} | "
-            f"{_pct(r['exact_match'])} | {_pct(r['tests_passed'])} | {_f(r['seconds_median'])} | "
-            f"{_f(r['seconds_p95'])} |"
+            f"| {r['server']} | {r['kind']} | {r['tasks']} | {r['errors']} | {fmt_pct(r['empty_share'])} | "
+            f"{fmt_pct(r['exact_match'])} | {fmt_pct(r['tests_passed'])} | {fmt_num(r['seconds_median'])} | "
+            f"{fmt_num(r['seconds_p95'])} |"
         )
     lines += _examples(result["examples"], "task")
     return "\n".join(lines) + "\n"

@@ -2,12 +2,14 @@
 
 Modules: `config` (`ModelConfig`, presets), `cache` (the static `KVCache`), `model` (`DiffusionModel`), `decode`
 (the encoder's one-token decode step written for few ops, and `DecodeCompiler`, which compiles its halves once per
-process), `io` (the HF-layout weights), `int8` (int8 decode weights), `cpu` (dtype, threads and allocator for the
+process), `band` (a long pass's sliding-window attention computed block by block over the band each query sees),
+`io` (the HF-layout weights), `int8` (int8 decode weights), `cpu` (dtype, threads and allocator for the
 CPU), `tokenizer` (the embedded model's byte-level BPE: training, saving, special ids).
 
-It imports `kernels` and `canvas.sampling` (the sampler defaults saved with the weights), nothing above; the
-conversion, the engine, the eval, training and the benchmarks import it.
-Imports: `canvas.sampling` and `kernels`.
+It imports `kernels`, `canvas.sampling` (the sampler defaults saved with the weights) and `canvas.env` (the
+dtype, int8 and compile variables), nothing above; the conversion, the engine, the eval, training and the
+benchmarks import it.
+Imports: `canvas`, `canvas.sampling` and `kernels`.
 Imported by: `canvas.bench`, `canvas.convert`, `canvas.engine`, `canvas.eval` and `canvas.training`.
 """
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.nn.functional as F
 
+from canvas.env import DTYPE
 from kernels import q8_gemm
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 DtypeChoice = Literal["auto", "fp32", "bf16"]
 CpuKind = Literal["amx", "avx512_bf16", "arm_bf16", "avx2", "other"]
-ENV_VAR = "DCANVAS_DTYPE"
 # Below this many parameters "auto" stays fp32 (see the module docstring); the converted Gemma-3-270M has 268M,
 # the embedded canvas-6m 6M.
 AUTO_BF16_MIN_PARAMS = 50_000_000
@@ -124,9 +124,9 @@ def resolve_dtype(choice: DtypeChoice | str = "auto", *, params: int | None = No
     if choice not in ("auto", *_DTYPES):
         raise ValueError(f"dtype must be 'auto', 'fp32' or 'bf16', got {choice!r}")
     if choice == "auto":
-        env = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+        env = DTYPE.word() or "auto"
         if env not in ("auto", *_DTYPES):
-            raise ValueError(f"{ENV_VAR} must be 'fp32', 'bf16' or 'auto', got {env!r}")
+            raise ValueError(f"{DTYPE} must be 'fp32', 'bf16' or 'auto', got {env!r}")
         choice = env
     if choice != "auto":
         return _DTYPES[choice]

@@ -39,7 +39,6 @@ Legend: B rows, H query heads, G KV heads, D head dim, M hidden, S cached keys, 
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 import weakref
@@ -49,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from canvas.env import DECODE_COMPILE
 from canvas.model.int8 import int8_weight_mm, q8_mm
 from kernels import act_cpu, attend_cpu
 from kernels.attend_cpu import Share
@@ -411,18 +411,15 @@ class DecodeCompiler:
         self.compile_s = time.perf_counter() - t0
 
 
-ENV_VAR = "DCANVAS_DECODE_COMPILE"
-
-
 def compile_setting(choice: str | None = None) -> bool:
     """Whether decode steps go through `torch.compile`: `choice`, else `DCANVAS_DECODE_COMPILE` ("on" / "off";
     unset: off)."""
-    raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
+    raw = (DECODE_COMPILE.text() if choice is None else choice).strip().lower()
     if raw in ("", "off", "0", "no"):
         return False
     if raw in ("on", "1", "yes"):
         return True
-    raise ValueError(f"{ENV_VAR} must be 'on' or 'off', got {raw!r}")
+    raise ValueError(f"{DECODE_COMPILE} must be 'on' or 'off', got {raw!r}")
 
 
 def attach_compiler(model: DiffusionModel, *, warm: bool = True) -> DecodeCompiler:
@@ -448,5 +445,5 @@ def _run_compiled(compiler: DecodeCompiler, model: DiffusionModel, x: Tensor, ca
                   halves=(compiler.pre, compiler.post))
 
 
-__all__ = ["ENV_VAR", "DecodeCompiler", "attach_compiler", "attend_one", "compile_setting", "decode_layers",
+__all__ = ["DecodeCompiler", "attach_compiler", "attend_one", "compile_setting", "decode_layers",
            "post_attention", "pre_attention"]

@@ -44,7 +44,6 @@ SCHEME` the NLL per character on the probe set against fp32 (the gate "auto" was
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from canvas.env import DECODE_INT8
 from kernels import q8_gemm
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 
 Scheme = Literal["dynamic", "weight", "q8"]
 SCHEMES: tuple[Scheme, ...] = ("dynamic", "weight", "q8")
-ENV_VAR = "DCANVAS_DECODE_INT8"
 # Passes of at most this many rows use the int8 weights: AR steps of a few sequences, not prefill or a canvas.
 DECODE_ROWS = 16
 # ... per scheme (`DiffusionModel.encode` reads it unless `int8_rows` overrides it). "weight" and "dynamic": decode
@@ -163,11 +162,11 @@ def q8_mm(x: Tensor, wq: Tensor, wscale: Tensor, kmask: Tensor | None = None) ->
 def decode_scheme(choice: str | None = None) -> Scheme | None:
     """The int8 scheme an explicit setting names: `choice`, else `DCANVAS_DECODE_INT8` ("dynamic", "weight"; "",
     "off" or unset: none). What a model gets by default is `scheme_for`'s rule."""
-    raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
+    raw = (DECODE_INT8.text() if choice is None else choice).strip().lower()
     if raw in ("", "off", "none", "0"):
         return None
     if raw not in SCHEMES:
-        raise ValueError(f"{ENV_VAR} must be one of {('auto', 'off', *SCHEMES)}, got {raw!r}")
+        raise ValueError(f"{DECODE_INT8} must be one of {('auto', 'off', *SCHEMES)}, got {raw!r}")
     return "dynamic" if raw == "dynamic" else "q8" if raw == "q8" else "weight"
 
 
@@ -182,7 +181,7 @@ def scheme_for(model: DiffusionModel, choice: str | None = None) -> Scheme | Non
     """The int8 decode scheme `model` gets: `choice`, else `DCANVAS_DECODE_INT8`; "auto" or unset: "q8" (or "weight"
     where the C++ kernel does not build) for an fp32 model of at least `AUTO_MIN_PARAMS`
     parameters, none otherwise. A non-fp32 model never gets one."""
-    raw = (os.environ.get(ENV_VAR, "") if choice is None else choice).strip().lower()
+    raw = (DECODE_INT8.text() if choice is None else choice).strip().lower()
     if model.dtype != torch.float32:
         decode_scheme(raw if raw != "auto" else "")  # still reject a malformed setting
         return None

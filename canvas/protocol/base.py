@@ -28,36 +28,36 @@ Name = Annotated[str, Field(max_length=200)]
 Mode = Literal["diffusion", "ar"]
 
 
-class _Model(BaseModel):
+class WireModel(BaseModel):
     # strict: JSON numbers must be numbers; extra="ignore": unknown fields are dropped (forward compatibility).
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
 
 
-def _limits(info: ValidationInfo) -> ServerLimits:
+def limits_from(info: ValidationInfo) -> ServerLimits:
     ctx = info.context
     if isinstance(ctx, dict) and isinstance(ctx.get("limits"), ServerLimits):
         return ctx["limits"]
-    return _DEFAULT_LIMITS
+    return DEFAULT_LIMITS
 
 
-def _check_text(value: str | None, info: ValidationInfo) -> str | None:
-    if value is not None and len(value) > _limits(info).max_text_chars:
-        raise ValueError(f"text has {len(value)} characters, more than the limit of {_limits(info).max_text_chars}")
+def check_text(value: str | None, info: ValidationInfo) -> str | None:
+    if value is not None and len(value) > limits_from(info).max_text_chars:
+        raise ValueError(f"text has {len(value)} characters, more than the limit of {limits_from(info).max_text_chars}")
     return value
 
 
-class _Range(_Model):
+class Range(WireModel):
     start: Offset
     end: Offset
 
     @model_validator(mode="after")
-    def _ordered(self) -> _Range:
+    def _ordered(self) -> Range:
         if self.start > self.end:
             raise ValueError(f"start ({self.start}) must be <= end ({self.end})")
         return self
 
 
-class Limits(_Model):
+class Limits(WireModel):
     """The wire form of `ServerLimits` (same fields)."""
 
     max_frame_bytes: int
@@ -117,7 +117,7 @@ class ServerLimits:
         return Limits(**dataclasses.asdict(self))
 
 
-_DEFAULT_LIMITS = ServerLimits()
+DEFAULT_LIMITS = ServerLimits()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -157,4 +157,4 @@ ERROR_TABLE: dict[ErrorCode, tuple[bool, str]] = {
 }
 
 RequestId = Annotated[str, Field(min_length=1, max_length=64)] | Annotated[int, Field(ge=-(2**53), le=2**53)]
-_REQUEST_ID: TypeAdapter[str | int] = TypeAdapter(RequestId)
+REQUEST_ID: TypeAdapter[str | int] = TypeAdapter(RequestId)

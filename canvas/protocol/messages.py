@@ -21,19 +21,19 @@ from canvas.protocol.base import (
     Mode,
     Name,
     Offset,
+    Range,
     RequestId,
     Version,
-    _check_text,
-    _limits,
-    _Model,
-    _Range,
+    WireModel,
+    check_text,
+    limits_from,
 )
 
 # --------------------------------------------------------------------------------------------------------------
 # doc.edit ops
 
 
-class ReplaceOp(_Range):
+class ReplaceOp(Range):
     """Replace the characters `[start, end)` with `text` (insert when start == end, delete when text is empty)."""
 
     op: Literal["replace"] = "replace"
@@ -42,30 +42,30 @@ class ReplaceOp(_Range):
     @field_validator("text")
     @classmethod
     def _bounded_text(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return _check_text(value, info)
+        return check_text(value, info)
 
 
-class PinOp(_Range):
+class PinOp(Range):
     """Pin `[start, end)`: the model must keep this text."""
 
     op: Literal["pin"] = "pin"
 
 
-class UnpinOp(_Range):
+class UnpinOp(Range):
     op: Literal["unpin"] = "unpin"
 
 
-class MaskOp(_Range):
+class MaskOp(Range):
     """Mask `[start, end)`: its text becomes free slots that the next generation rewrites."""
 
     op: Literal["mask"] = "mask"
 
 
-class UnmaskOp(_Range):
+class UnmaskOp(Range):
     op: Literal["unmask"] = "unmask"
 
 
-class InsertGapOp(_Model):
+class InsertGapOp(WireModel):
     """Insert `n_tokens` free slots at character offset `at` (infill)."""
 
     op: Literal["insert_gap"] = "insert_gap"
@@ -75,12 +75,12 @@ class InsertGapOp(_Model):
     @field_validator("n_tokens")
     @classmethod
     def _gap_limit(cls, value: int, info: ValidationInfo) -> int:
-        if value > _limits(info).max_gap_tokens:
-            raise ValueError(f"n_tokens ({value}) is more than the limit of {_limits(info).max_gap_tokens}")
+        if value > limits_from(info).max_gap_tokens:
+            raise ValueError(f"n_tokens ({value}) is more than the limit of {limits_from(info).max_gap_tokens}")
         return value
 
 
-class MoveWindowOp(_Model):
+class MoveWindowOp(WireModel):
     """Move the canvas window so that it starts at (the token containing) character offset `start`."""
 
     op: Literal["move_window"] = "move_window"
@@ -93,7 +93,7 @@ EditOp = Annotated[
 EDIT_OP: TypeAdapter[EditOp] = TypeAdapter(EditOp)
 
 
-class GenParams(_Model):
+class GenParams(WireModel):
     """Sampler parameters of one generation. A sampler field left out (None) takes the model's default (its
     `generation_config.json`, announced in `welcome.model.defaults`); `gen.accepted` echoes the resolved values.
     `mode` left out takes the model's default mode for the request's kind (`welcome.model.default_modes`): infill
@@ -114,7 +114,7 @@ class GenParams(_Model):
         return self
 
 
-class GenDefaults(_Model):
+class GenDefaults(WireModel):
     """The model's sampler defaults: what a `gen.start` gets for the GenParams fields it leaves out."""
 
     max_steps: int
@@ -127,23 +127,25 @@ class GenDefaults(_Model):
 # Client -> server
 
 
-class _Request(_Model):
+# The base of every client frame: what `parse_client_message` returns (the Annotated unions are for the schema and
+# for type hints). A comment, not a docstring: the schema would carry it.
+class ClientRequest(WireModel):
     id: RequestId | None = None
 
 
-class ClientInfo(_Model):
+class ClientInfo(WireModel):
     name: Annotated[str, Field(max_length=64)]
     version: Annotated[str, Field(max_length=32)] = ""
 
 
-class Hello(_Request):
+class Hello(ClientRequest):
     type: Literal["hello"] = "hello"
     protocol: Annotated[str, Field(max_length=32)]
     client: ClientInfo | None = None
     token: Annotated[str, Field(max_length=256)] | None = None
 
 
-class DocOpen(_Request):
+class DocOpen(ClientRequest):
     """Open document `doc_id`, or (without it) create a new document from `text` (default empty)."""
 
     type: Literal["doc.open"] = "doc.open"
@@ -154,7 +156,7 @@ class DocOpen(_Request):
     @field_validator("text")
     @classmethod
     def _bounded_text(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return _check_text(value, info)
+        return check_text(value, info)
 
     @model_validator(mode="after")
     def _one_source(self) -> DocOpen:
@@ -163,14 +165,14 @@ class DocOpen(_Request):
         return self
 
 
-class DocClose(_Request):
+class DocClose(ClientRequest):
     """Stop receiving `doc.state` broadcasts of a document."""
 
     type: Literal["doc.close"] = "doc.close"
     doc_id: DocId
 
 
-class DocDelete(_Request):
+class DocDelete(ClientRequest):
     """Delete a document: its text, history and proposals. A generation running on it is cancelled. With `base_v`,
     only if the document is still at that version (so a change the client has not seen is never deleted)."""
 
@@ -179,7 +181,7 @@ class DocDelete(_Request):
     base_v: Version | None = None
 
 
-class DocEdit(_Request):
+class DocEdit(ClientRequest):
     type: Literal["doc.edit"] = "doc.edit"
     doc_id: DocId
     base_v: Version
@@ -188,24 +190,24 @@ class DocEdit(_Request):
     @field_validator("ops")
     @classmethod
     def _op_limit(cls, value: list[EditOp], info: ValidationInfo) -> list[EditOp]:
-        if len(value) > _limits(info).max_ops_per_edit:
-            raise ValueError(f"{len(value)} ops is more than the limit of {_limits(info).max_ops_per_edit}")
+        if len(value) > limits_from(info).max_ops_per_edit:
+            raise ValueError(f"{len(value)} ops is more than the limit of {limits_from(info).max_ops_per_edit}")
         return value
 
 
-class GenStart(_Request):
+class GenStart(ClientRequest):
     type: Literal["gen.start"] = "gen.start"
     doc_id: DocId
     base_v: Version
     params: GenParams = GenParams()
 
 
-class GenCancel(_Request):
+class GenCancel(ClientRequest):
     type: Literal["gen.cancel"] = "gen.cancel"
     gen: GenId
 
 
-class ProposalAccept(_Request):
+class ProposalAccept(ClientRequest):
     """Apply a finished generation's proposal as one undo unit; `hunks` picks changed hunks (default: all)."""
 
     type: Literal["proposal.accept"] = "proposal.accept"
@@ -214,26 +216,26 @@ class ProposalAccept(_Request):
     hunks: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=4096)] | None = None
 
 
-class ProposalReject(_Request):
+class ProposalReject(ClientRequest):
     type: Literal["proposal.reject"] = "proposal.reject"
     gen: GenId
 
 
-class HistoryUndo(_Request):
+class HistoryUndo(ClientRequest):
     type: Literal["history.undo"] = "history.undo"
     doc_id: DocId
 
 
-class HistoryRedo(_Request):
+class HistoryRedo(ClientRequest):
     type: Literal["history.redo"] = "history.redo"
     doc_id: DocId
 
 
-class DocList(_Request):
+class DocList(ClientRequest):
     type: Literal["doc.list"] = "doc.list"
 
 
-class Ping(_Request):
+class Ping(ClientRequest):
     type: Literal["ping"] = "ping"
 
 
@@ -253,7 +255,7 @@ ClientMessage = Annotated[
     | Ping,
     Field(discriminator="type"),
 ]
-CLIENT_MESSAGES: dict[str, type[_Request]] = {
+CLIENT_MESSAGES: dict[str, type[ClientRequest]] = {
     m.model_fields["type"].default: m
     for m in (Hello, DocOpen, DocClose, DocDelete, DocEdit, GenStart, GenCancel, ProposalAccept, ProposalReject,
               HistoryUndo, HistoryRedo, DocList, Ping)
@@ -264,23 +266,24 @@ CLIENT_MESSAGES: dict[str, type[_Request]] = {
 # Server -> client
 
 
-class _Reply(_Model):
+# The base of every server frame, what `parse_server_message` returns.
+class ServerReply(WireModel):
     re: RequestId | None = None
 
 
-class ServerInfo(_Model):
+class ServerInfo(WireModel):
     name: str
     version: str
 
 
-class DefaultModes(_Model):
+class DefaultModes(WireModel):
     """The mode a `gen.start` without one runs in, per kind: infill (and rewrite), or continuation."""
 
     infill: Mode = "diffusion"
     continuation: Mode = "diffusion"
 
 
-class ModelInfo(_Model):
+class ModelInfo(WireModel):
     name: str
     canvas_length: Annotated[int, Field(ge=1)]
     modes: list[Mode]
@@ -296,7 +299,7 @@ class ModelInfo(_Model):
     )
 
 
-class Welcome(_Reply):
+class Welcome(ServerReply):
     type: Literal["welcome"] = "welcome"
     protocol: str = PROTOCOL
     session: str
@@ -305,11 +308,11 @@ class Welcome(_Reply):
     limits: Limits
 
 
-class Window(_Range):
+class Window(Range):
     """The canvas window in character offsets of the text."""
 
 
-class Span(_Range):
+class Span(Range):
     """A run of window text: `pinned` text the model keeps, or `free` text it rewrites. `slots` is the number of
     canvas slots the run takes; a gap is a zero-width free span (`start == end`) with `slots` new tokens."""
 
@@ -317,7 +320,7 @@ class Span(_Range):
     slots: Annotated[int, Field(ge=0)] = 0
 
 
-class DocState(_Reply):
+class DocState(ServerReply):
     type: Literal["doc.state"] = "doc.state"
     doc_id: DocId
     v: Version
@@ -330,7 +333,7 @@ class DocState(_Reply):
     gen: GenId | None = None  # the generation running on this document, if any
 
 
-class DocDeleted(_Reply):
+class DocDeleted(ServerReply):
     """A document is gone: the reply to `doc.delete`, and (without `re`) the news to every other session that had it
     open, which no longer has it open."""
 
@@ -338,7 +341,7 @@ class DocDeleted(_Reply):
     doc_id: DocId
 
 
-class DocSummary(_Model):
+class DocSummary(WireModel):
     doc_id: DocId
     name: str = ""
     v: Version
@@ -346,18 +349,18 @@ class DocSummary(_Model):
     updated: float  # seconds since the epoch
 
 
-class DocListing(_Reply):
+class DocListing(ServerReply):
     type: Literal["doc.listing"] = "doc.listing"
     docs: list[DocSummary]
 
 
-class Ack(_Reply):
+class Ack(ServerReply):
     """The reply to requests that have no other result (doc.close, gen.cancel, proposal.reject)."""
 
     type: Literal["ack"] = "ack"
 
 
-class GenAccepted(_Reply):
+class GenAccepted(ServerReply):
     type: Literal["gen.accepted"] = "gen.accepted"
     gen: GenId
     doc_id: DocId
@@ -369,7 +372,7 @@ class GenAccepted(_Reply):
     est_wait_s: Annotated[float, Field(ge=0)] | None = None
 
 
-class SlotUpdate(_Model):
+class SlotUpdate(WireModel):
     """One slot's state in a `gen.progress` frame. `written` false: the model has not reached the slot yet (AR mode
     writes left to right); it carries no text: `token` -1, `text` "", `accepted` false."""
 
@@ -381,7 +384,7 @@ class SlotUpdate(_Model):
     written: bool = True  # absent (older servers): true
 
 
-class GenDrafts(_Model):
+class GenDrafts(WireModel):
     """An AR infill's K drafts of one gap, side by side: the gap being drafted (all drafts grow a token per step),
     or, once scored, the last gap with the draft `chosen` and the `kept` text written from it (the rest of the gap
     became null). Whole state, not a delta: a frame's drafts replace the previous ones. Sent only in AR infills with
@@ -396,7 +399,7 @@ class GenDrafts(_Model):
     kept: str | None = None  # with `chosen`: the text written into the gap, a prefix of texts[chosen]
 
 
-class GenProgress(_Reply):
+class GenProgress(ServerReply):
     """Changed slots since the previous frame of this generation. Frames are coalesced latest-wins: `merged` engine
     frames went into this one. `seq` counts frames sent for the generation (1, 2, ...); a gap means a frame was lost
     and the client must resynchronise (`doc.open`). `drafts`: see `GenDrafts` (absent when there are none)."""
@@ -414,12 +417,12 @@ class GenProgress(_Reply):
     drafts: GenDrafts | None = None
 
 
-class DiffSegment(_Model):
+class DiffSegment(WireModel):
     op: Literal["equal", "insert", "delete"]
     text: str
 
 
-class Proposal(_Model):
+class Proposal(WireModel):
     """Replace `[start, end)` of the text at `base_v` with `text`; `diff` goes from the old to the new text.
     A hunk is a maximal run of non-equal segments; `proposal.accept.hunks` indexes hunks from 0."""
 
@@ -430,7 +433,7 @@ class Proposal(_Model):
     diff: list[DiffSegment]
 
 
-class GenStats(_Model):
+class GenStats(WireModel):
     steps: Annotated[int, Field(ge=0)]
     tokens_per_forward: Annotated[float, Field(ge=0)]
     tok_s: Annotated[float, Field(ge=0)]
@@ -443,7 +446,7 @@ class GenStats(_Model):
 GenStatus = Literal["completed", "cancelled", "superseded", "stale", "failed", "unavailable"]
 
 
-class GenDone(_Reply):
+class GenDone(ServerReply):
     """The one terminal event of every accepted generation, whatever happened to it."""
 
     type: Literal["gen.done"] = "gen.done"
@@ -455,11 +458,11 @@ class GenDone(_Reply):
     message: str | None = None  # why, for stale, failed and unavailable
 
 
-class Pong(_Reply):
+class Pong(ServerReply):
     type: Literal["pong"] = "pong"
 
 
-class ErrorReply(_Reply):
+class ErrorReply(ServerReply):
     type: Literal["error"] = "error"
     code: ErrorCode
     message: str
@@ -471,7 +474,7 @@ ServerMessage = Annotated[
     Welcome | DocState | DocDeleted | DocListing | Ack | GenAccepted | GenProgress | GenDone | Pong | ErrorReply,
     Field(discriminator="type"),
 ]
-SERVER_MESSAGES: dict[str, type[_Reply]] = {
+SERVER_MESSAGES: dict[str, type[ServerReply]] = {
     m.model_fields["type"].default: m
     for m in (Welcome, DocState, DocDeleted, DocListing, Ack, GenAccepted, GenProgress, GenDone, Pong, ErrorReply)
 }

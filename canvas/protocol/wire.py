@@ -16,17 +16,17 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from canvas.protocol.base import _DEFAULT_LIMITS, _REQUEST_ID, ERROR_TABLE, PROTOCOL, ErrorCode, ServerLimits
+from canvas.protocol.base import DEFAULT_LIMITS, ERROR_TABLE, PROTOCOL, REQUEST_ID, ErrorCode, ServerLimits
 from canvas.protocol.messages import (
     CLIENT_MESSAGES,
     EDIT_OP,
     SERVER_MESSAGES,
     ClientMessage,
+    ClientRequest,
     EditOp,
     ErrorReply,
     ServerMessage,
-    _Reply,
-    _Request,
+    ServerReply,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -133,14 +133,14 @@ def _request_id(obj: dict[str, Any]) -> str | int | None:
     if rid is None or isinstance(rid, bool):
         return None
     try:
-        return _REQUEST_ID.validate_python(rid)
+        return REQUEST_ID.validate_python(rid)
     except ValidationError:
         return None
 
 
 def parse_client_message(raw: str | bytes, limits: ServerLimits | None = None) -> ClientRequest:
     """Parse one client frame. Raises `ProtocolError` (with `re` set when the id was readable) on any problem."""
-    limits = limits or _DEFAULT_LIMITS
+    limits = limits or DEFAULT_LIMITS
     obj = _load_object(raw, limits.max_frame_bytes)
     re = _request_id(obj)
     if "id" in obj and obj["id"] is not None and re is None:
@@ -193,9 +193,6 @@ def dump(msg: BaseModel) -> str:
     return msg.model_dump_json(exclude_none=True)
 
 
-# Each base class is what parsing returns; the Annotated unions above are for the schema and for type hints.
-ClientRequest = _Request
-ServerReply = _Reply
 _TAGS = frozenset(CLIENT_MESSAGES) | frozenset(SERVER_MESSAGES) | {
     "replace", "pin", "unpin", "mask", "unmask", "insert_gap", "move_window",
 }  # fmt: skip

@@ -11,9 +11,9 @@ SQLite, or PostgreSQL shared by several servers), `outbox` (per-connection sendi
 routes). What it serves with is `canvas.engine.backend`.
 
 It imports the engine, the store, the protocol, the document, the sampler's modes, `canvas.convert` (which model),
-`canvas.__version__` and its HTTP dialects (and `canvas.cluster` with `--ray`), never the eval, the benchmarks or the
-UI. The TUI (`embedded`), the soak (`faults`), the cluster (`admission`), the HTTP dialects (`admission`, `config`,
-`security`) and the CLI import it.
+`canvas.__version__`, `canvas.env` (the token) and its HTTP dialects (and `canvas.cluster` with `--ray`), never the
+eval, the benchmarks or the UI. The TUI (`embedded`), the soak (`faults`), the cluster (`admission`), the HTTP
+dialects (`admission`, `config`, `security`) and the CLI import it.
 Imports: `canvas`, `canvas.cluster`, `canvas.convert`, `canvas.document`, `canvas.engine`, `canvas.protocol`,
 `canvas.sampling`, `canvas.server.http` and `canvas.store`.
 Imported by: `canvas.cli`, `canvas.cluster`, `canvas.server.http`, `canvas.soak` and `tui`.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,15 +96,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from canvas.env import TOKEN
     from canvas.server.admission import AdmissionConfig
-    from canvas.server.config import TOKEN_ENV, ServerConfig
+    from canvas.server.config import ServerConfig
     from canvas.server.embedded import uvicorn_options
     from canvas.store.base import StoreError, describe
 
     fields: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
-        "token": args.token or os.environ.get(TOKEN_ENV) or None,
+        "token": args.token or TOKEN.get() or None,
         "model_dir": args.model,
         "origins": tuple(args.origin),
         "hosts": tuple(args.allow_host),

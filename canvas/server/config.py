@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB
+from canvas.env import TOKEN
 from canvas.protocol import ServerLimits
 from canvas.server.admission import AdmissionConfig
 from canvas.server.security import default_origins, is_loopback
 
-TOKEN_ENV = "DCANVAS_TOKEN"
 MIN_TOKEN_CHARS = 16
 # The repository's web/ folder (an editable install); `--web` points elsewhere.
 DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -52,7 +52,7 @@ class ServerConfig:
         if not is_loopback(self.host) and self.token is None:
             raise ValueError(
                 f"binding to {self.host} exposes the server to the network: give a token "
-                f"(--token or the {TOKEN_ENV} environment variable), or bind to 127.0.0.1"
+                f"(--token or the {TOKEN} environment variable), or bind to 127.0.0.1"
             )
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")

@@ -22,8 +22,8 @@ The tokenizer itself is `canvas.model.tokenizer`; the evaluation is `canvas.eval
 
 The top layer, an offline tool: imports the model, the conversion (sources, adapters, the FIM format),
 `canvas.sampling` (the defaults an export writes), `kernels` (the norm the objective runs), the eval (the card block
-an export keeps; a FIM eval point's runs) and the engine's backend (which an eval point loads); the CLI alone
-imports it.
-Imports: `canvas.convert`, `canvas.engine`, `canvas.eval`, `canvas.model`, `canvas.sampling` and `kernels`.
+an export keeps; a FIM eval point's runs), the engine's backend (which an eval point loads) and `canvas.env` (the
+trainers set `DCANVAS_KERNELS=ref`); the CLI alone imports it.
+Imports: `canvas`, `canvas.convert`, `canvas.engine`, `canvas.eval`, `canvas.model`, `canvas.sampling` and `kernels`.
 Imported by: `canvas.cli`.
 """

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from canvas.convert.adapters import LORA_TARGETS, META, WEIGHTS, is_full_tensor, is_lora_target
+from canvas.convert.adapters import LORA_TARGETS, META, WEIGHTS, is_full_tensor, is_lora_target, param_owner
 from canvas.model import DiffusionModel
 
 
@@ -34,21 +34,13 @@ class LoRA(nn.Module):
         return weight + (self.lora_B @ self.lora_A).to(weight.dtype) * self.scale
 
 
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    *path, leaf = name.split(".")
-    module = model
-    for part in path:
-        module = getattr(module, part)
-    return module, leaf
-
-
 def attach_lora(model: DiffusionModel, rank: int, alpha: float, seed: int = 0) -> None:
     """Freeze the base and adapt it in place (see the module docstring)."""
     n = model.config.num_hidden_layers
     gen = torch.Generator().manual_seed(seed)
     names = [(name, p.shape) for name, p in model.named_parameters()]
     for name, shape in names:
-        module, leaf = _owner(model, name)
+        module, leaf = param_owner(model, name)
         p = getattr(module, leaf)
         p.requires_grad_(is_full_tensor(name, shape, n))
         if is_lora_target(name, n):

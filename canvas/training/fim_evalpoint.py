@@ -180,7 +180,7 @@ def table(row: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from canvas.eval.evaluate import DEFAULT_DATA, _ints
+    from canvas.eval.evaluate import DEFAULT_DATA, parse_ints
     from canvas.eval.judge import JudgeError, load_judge
     from canvas.eval.samples import EvalError
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help=f"the rows' JSON (default RUN/{EVALS})")
     parser.add_argument("--samples", type=int, default=12, help="samples per task, validation split (12)")
     parser.add_argument("--outside-samples", type=int, default=8, help="samples per task on --texts (8; 0: none)")
-    parser.add_argument("--gaps", type=_ints, default=(32, 64), help="gap sizes (32,64)")
+    parser.add_argument("--gaps", type=parse_ints, default=(32, 64), help="gap sizes (32,64)")
     parser.add_argument("--ar-drafts", type=int, default=8, help="K (8)")
     parser.add_argument("--ar-temperature", type=float, default=0.8, help="draft temperature (0.8)")
     parser.add_argument("--ar-seam-tokens", type=int, default=None, help="seam tokens (the model's setting)")

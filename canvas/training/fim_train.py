@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS
+from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS, param_owner
 from canvas.convert.fim import SENTINELS, recorded_fim_adapters
 from canvas.model import DiffusionModel
-from canvas.training.adapt import LoRA, _owner
+from canvas.training.adapt import LoRA
 from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
 from canvas.training.train import save_checkpoint, write_curve
 
@@ -211,7 +211,7 @@ def attach_fim_adapters(model: DiffusionModel, rank: int, alpha: float, targets:
     for name, p in list(model.named_parameters()):
         parts = name.split(".")
         if parts[0] == "layers" and int(parts[1]) < last and ".".join(parts[2:]) in targets:
-            module, leaf = _owner(model, name)
+            module, leaf = param_owner(model, name)
             lora = LoRA(p.shape[0], p.shape[1], rank, alpha, gen).to(p.device)  # drawn on the CPU: any device
             module.add_module(leaf + _LORA, lora)
             setattr(module, leaf, LowRankWeight(p.detach(), lora))

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from canvas.model import DiffusionModel
 from canvas.training.gap_data import GapBatch
-from canvas.training.objective import _Balance, decoder_pass, encoder_pass, soft_embeddings
+from canvas.training.objective import Balance, decoder_pass, encoder_pass, soft_embeddings
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ def gap_losses(model: DiffusionModel, batch: GapBatch, cfg: GapObjectiveConfig, 
             first = first / temperature.to(device)[rows][:, None, None]
             soft = torch.zeros(B, L, model.config.hidden_size, device=device, dtype=model.dtype)
             soft = soft.index_copy(0, rows, soft_embeddings(model, first).to(soft.dtype))
-    balance = _Balance() if cfg.balance_weight > 0 else None
+    balance = Balance() if cfg.balance_weight > 0 else None
     h = decoder_pass(model, noisy, kv, P, soft, balance, return_hidden=True)  # (B, L, M)
     h = aligned_hidden(h, last_enc, cfg.logit_shift)
     noised = batch.noised

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from canvas.env import KERNELS
 from canvas.model import DiffusionModel
 from canvas.training.decoder_adapt import (
     DEFAULT_TARGETS,
@@ -325,7 +326,7 @@ def run_gap(args: Any, console: Any) -> int:
 
     run_dir = args.run or Path("runs/gap-denoise")
     if args.device != "cpu":
-        os.environ["DCANVAS_KERNELS"] = "ref"  # the Triton kernels have no backward
+        os.environ[KERNELS.name] = "ref"  # the Triton kernels have no backward
     try:
         cfg = resolve_gap_config(run_dir, args)
         trainer = GapTrainer(run_dir, cfg, device=args.device)

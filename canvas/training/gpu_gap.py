@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from canvas.env import KERNELS
 from canvas.training.decoder_adapt import decoder_tensors, load_decoder_tensors
 from canvas.training.gap_train import GapTrainConfig, GapTrainer
 
@@ -64,7 +65,7 @@ def _train(args: argparse.Namespace, started: float, out: Path, console: Any) ->
     on_gpu = torch.cuda.is_available()
     if not on_gpu and not args.allow_cpu:
         raise RuntimeError("no CUDA device; --allow-cpu runs the job on the CPU (a smoke test)")
-    os.environ["DCANVAS_KERNELS"] = "ref"  # the Triton kernels have no backward
+    os.environ[KERNELS.name] = "ref"  # the Triton kernels have no backward
     torch.backends.cuda.matmul.allow_tf32 = True
     base = unpack_base(Path(args.base_staged), Path(args.work) / "base")
     for name in ("tokenizer.json", "tokenizer_config.json", "build.json"):

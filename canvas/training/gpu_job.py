@@ -31,6 +31,7 @@ from typing import IO, Any, cast
 
 import torch
 
+from canvas.env import KERNELS
 from canvas.training.train import MODEL_SHAPES, TrainConfig, Trainer
 
 PART_BYTES = 15 * 2**20  # under the 16 MiB a returned file may have
@@ -75,7 +76,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         raise JobError("no CUDA device; --allow-cpu runs the job on the CPU (a smoke test)")
     device = "cuda" if on_gpu else "cpu"
     # The Triton kernels have no backward: training runs the torch references.
-    os.environ["DCANVAS_KERNELS"] = "ref"
+    os.environ[KERNELS.name] = "ref"
     torch.backends.cuda.matmul.allow_tf32 = True
     log(f"torch {torch.__version__} on {torch.cuda.get_device_name() if on_gpu else 'cpu'}; model {args.model}")
 

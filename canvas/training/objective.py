@@ -72,7 +72,7 @@ class Losses:
     self_cond_share: float
 
 
-class _Balance:
+class Balance:
     """Accumulates the router load-balance loss over the layers of a forward pass."""
 
     def __init__(self) -> None:
@@ -105,7 +105,7 @@ def _band_mask(T: int, window: int | None, device: torch.device) -> Tensor:
     return mask
 
 
-def encoder_pass(model: DiffusionModel, ids: Tensor, balance: _Balance | None = None) -> tuple[Tensor, KV]:
+def encoder_pass(model: DiffusionModel, ids: Tensor, balance: Balance | None = None) -> tuple[Tensor, KV]:
     """Causal pass over `ids` (B, T) from position 0. Returns the final hidden states (B, T, M) and every layer's
     K/V (graph-connected), as `DiffusionModel.encode` computes them into its cache."""
     B, T = ids.shape
@@ -135,7 +135,7 @@ def decoder_pass(
     prefix_kv: KV,
     prefix_len: int,
     soft: Tensor | None = None,
-    balance: _Balance | None = None,
+    balance: Balance | None = None,
     *,
     return_hidden: bool = False,
 ) -> Tensor:
@@ -195,7 +195,7 @@ def compute_losses(model: DiffusionModel, batch: Batch, cfg: ObjectiveConfig, ge
     P = batch.prefix_len
     ids = batch.encoder_ids[:, :P] if cfg.encoder_span == "prefix" else batch.encoder_ids
     ids = ids.to(device)
-    balance = _Balance() if cfg.balance_weight > 0 else None
+    balance = Balance() if cfg.balance_weight > 0 else None
     hidden, kv = encoder_pass(model, ids, balance)
     if ids.shape[1] > 1:
         ar = _token_ce(model, hidden[:, :-1], ids[:, 1:]).mean()

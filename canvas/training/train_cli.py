@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from canvas.env import KERNELS
 from canvas.training.fim_train import FimTrainConfig
 from canvas.training.tokens import file_sha256
 from canvas.training.train import MODEL_SHAPES, TrainConfig, Trainer
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     args.run = args.run or Path("runs/canvas-6m")
     if args.device != "cpu":
         # The Triton kernels have no backward; training runs the torch references (the CPU path anyway).
-        os.environ["DCANVAS_KERNELS"] = "ref"
+        os.environ[KERNELS.name] = "ref"
     try:
         cfg = resolve_config(args.run, args)
         trainer = Trainer(args.run, cfg, device=args.device)
@@ -193,7 +194,7 @@ def run_fim(args: argparse.Namespace, console: Any) -> int:
 
     run_dir = args.run or Path("runs/fim")
     if args.device != "cpu":
-        os.environ["DCANVAS_KERNELS"] = "ref"  # the Triton kernels have no backward
+        os.environ[KERNELS.name] = "ref"  # the Triton kernels have no backward
     try:
         cfg = resolve_fim_config(run_dir, args)
         trainer = FimTrainer(run_dir, cfg, device=args.device)

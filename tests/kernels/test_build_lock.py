@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from canvas.env import KERNEL_LOCK_TIMEOUT
 from kernels._build_lock import (
     DEFAULT_LOCK_TIMEOUT_S,
     LOCK_NAME,
-    LOCK_TIMEOUT_ENV,
     TORCH_BATON,
     LockTimeout,
     build_lock,
@@ -70,7 +70,7 @@ def test_killed_build_recovers_in_a_fresh_process(tmp_path: Path) -> None:
         assert (stage / TORCH_BATON).exists() and not (tmp_path / ARTIFACT).exists()
         os.kill(hung.pid, signal.SIGKILL)  # the builder only: its "compiler" lives on, writing into its stage
         hung.wait()
-        out = _build(tmp_path, **{LOCK_TIMEOUT_ENV: "30"})
+        out = _build(tmp_path, **{KERNEL_LOCK_TIMEOUT.name: "30"})
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("built by ") and "waiting" not in out.stderr  # the dead holder's lock is free
         assert (tmp_path / ARTIFACT).read_text() == out.stdout.strip()  # the new build, not the half-written one
@@ -116,7 +116,7 @@ def test_lock_wait_times_out_with_a_clear_message(tmp_path: Path, holder: subpro
     message = str(caught.value)
     assert "\n" not in message  # the ops' fallback warning shows the last line of a build error
     for part in ("gave up after 0.7 s waiting for the test build", lock, f"held by pid {holder.pid}",
-                 f"kill {holder.pid}", "never delete", LOCK_TIMEOUT_ENV):
+                 f"kill {holder.pid}", "never delete", KERNEL_LOCK_TIMEOUT.name):
         assert part in message
     assert lines[0].startswith("dcanvas: waiting for the test build: ") and lock in lines[0]
     assert f"pid {holder.pid}" in lines[0]
@@ -184,11 +184,11 @@ def test_clear_stale_keeps_what_is_not_a_builder_leftover(tmp_path: Path) -> Non
 
 
 def test_lock_timeout_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(LOCK_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(KERNEL_LOCK_TIMEOUT.name, raising=False)
     assert lock_timeout_s() == DEFAULT_LOCK_TIMEOUT_S == 600
-    monkeypatch.setenv(LOCK_TIMEOUT_ENV, "2.5")
+    monkeypatch.setenv(KERNEL_LOCK_TIMEOUT.name, "2.5")
     assert lock_timeout_s() == 2.5
     for bad in ("ten", "-1", "inf", "nan"):
-        monkeypatch.setenv(LOCK_TIMEOUT_ENV, bad)
-        with pytest.raises(ValueError, match=LOCK_TIMEOUT_ENV):
+        monkeypatch.setenv(KERNEL_LOCK_TIMEOUT.name, bad)
+        with pytest.raises(ValueError, match=KERNEL_LOCK_TIMEOUT.name):
             lock_timeout_s()

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from canvas.env import KERNEL_CACHE, KERNEL_LOCK_TIMEOUT
 from kernels import _cpp
-from kernels._build_lock import LOCK_NAME, LOCK_TIMEOUT_ENV, TORCH_BATON
-from kernels._cpp import _HEADERS, _SOURCES, CACHE_ENV, build_dir, build_isa
+from kernels._build_lock import LOCK_NAME, TORCH_BATON
+from kernels._cpp import _HEADERS, _SOURCES, build_dir, build_isa
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = """#include <pybind11/pybind11.h>
@@ -72,8 +73,8 @@ def test_a_held_build_lock_makes_the_kernels_fall_back_with_the_reason(
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-        monkeypatch.setenv(LOCK_TIMEOUT_ENV, "0.3")
+        monkeypatch.setenv(KERNEL_CACHE.name, str(tmp_path))
+        monkeypatch.setenv(KERNEL_LOCK_TIMEOUT.name, "0.3")
         monkeypatch.delitem(_cpp._MODULES, isa, raising=False)
         monkeypatch.delitem(_cpp._ERRORS, isa, raising=False)
         assert _cpp.extension(isa) is None
@@ -150,7 +151,7 @@ def test_a_killed_kernel_build_is_recovered_by_the_next_process(tmp_path: Path) 
     process builds (and loads) the kernels on its own, without waiting on anything the dead one left."""
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler")
-    env = {**os.environ, CACHE_ENV: str(tmp_path), LOCK_TIMEOUT_ENV: "60"}
+    env = {**os.environ, KERNEL_CACHE.name: str(tmp_path), KERNEL_LOCK_TIMEOUT.name: "60"}
     directory = build_dir(build_isa(), root=tmp_path)
     killed = _kernel_build(env)
     recovery: subprocess.Popen[str] | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from canvas.env import Q8_ISA
 from kernels import q8_gemm
 from kernels.q8_gemm import (
     live_columns,
@@ -172,7 +173,7 @@ def test_live_columns_keep_anchor_dims_out_of_the_scales(gen: torch.Generator) -
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_other_isa_paths_match_ref(isa: str, monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
     """The fallbacks a machine without AVX-512 VNNI (or without x86 SIMD) builds, run here where the CPU can."""
-    monkeypatch.setenv(q8_gemm.ISA_ENV, isa)
+    monkeypatch.setenv(Q8_ISA.name, isa)
     try:
         q8_gemm.build_isa()
     except ValueError as e:
@@ -219,9 +220,9 @@ def test_bad_inputs_raise(gen: torch.Generator) -> None:
         q8_linear(torch.randn(2, 64), wq.to(torch.int8), ws, impl="ref")
     with pytest.raises(ValueError, match="impl"):
         q8_linear(torch.randn(2, 64), wq, ws, impl="triton")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=q8_gemm.ISA_ENV):
+    with pytest.raises(ValueError, match=Q8_ISA.name):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(q8_gemm.ISA_ENV, "neon")
+            mp.setenv(Q8_ISA.name, "neon")
             q8_gemm.build_isa()
 
 

@@ -22,11 +22,11 @@ CORPUS = Path(__file__).resolve().parents[3] / "data" / "corpus"
 def test_converted_encoder_perplexity_within_6_percent() -> None:
     if not (CORPUS / "valid.jsonl").is_file():
         pytest.skip("no corpus: run `dcanvas data build --stages corpus`")
-    from canvas.convert.build import _source, cache_root, calibration_ids
+    from canvas.convert.build import cache_root, calibration_ids, load_source
     from canvas.convert.fidelity import compare, validation_passages
     from canvas.convert.gemma3 import ConvertConfig, convert_gemma3
 
-    source, tok = _source(cache_root(), lambda _: None)
+    source, tok = load_source(cache_root(), lambda _: None)
     model, fits = convert_gemma3(source, calibration_ids(tok, 256), ConvertConfig())
     assert max(f.cv for f in fits) < 0.1
     result = compare(source, model, tok, validation_passages(CORPUS, 20))

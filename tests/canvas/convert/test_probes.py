@@ -93,14 +93,14 @@ def test_by_kind_groups_in_order() -> None:
 def _default_build_report() -> list[KindReport]:
     from transformers import AutoTokenizer
 
-    from canvas.convert.build import BuildConfig, _source, cache_root
+    from canvas.convert.build import BuildConfig, cache_root, load_source
     from canvas.convert.probes import probe_report
     from canvas.model import DiffusionModel
 
     model_dir = cache_root() / "models" / BuildConfig().name
     if not (model_dir / "config.json").is_file():
         pytest.skip(f"{model_dir} is not built")
-    source, tok = _source(cache_root(), lambda what: None)
+    source, tok = load_source(cache_root(), lambda what: None)
     model = DiffusionModel.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     rows = probe_report(source.float(), tok, model, AutoTokenizer.from_pretrained(str(model_dir)))
     assert [r.kind for r in rows] == list(KINDS)

@@ -17,9 +17,10 @@ from starlette.testclient import TestClient
 from canvas.cli import main
 from canvas.convert import resolve as model_resolve
 from canvas.convert.build import BuildConfig, fingerprint
-from canvas.convert.resolve import EMBEDDED, MODEL_ENV, ModelUnavailable, default_name, resolve_model
+from canvas.convert.resolve import EMBEDDED, ModelUnavailable, default_name, resolve_model
 from canvas.convert.source import GemmaUnavailable, sha256_file
 from canvas.engine.backend import write_tiny_checkpoint
+from canvas.env import CACHE, MODEL
 from canvas.server.app import create_app
 from canvas.server.config import ServerConfig
 
@@ -43,8 +44,8 @@ class Rule:
         self.cache, self.lines, self.builds = cache, [], 0
         self.installed = False
         self.build_error: Exception | None = None
-        monkeypatch.delenv(MODEL_ENV, raising=False)  # the suite's hermetic default, lifted for the rule's own tests
-        monkeypatch.setenv("DCANVAS_CACHE", str(cache))
+        monkeypatch.delenv(MODEL.name, raising=False)  # the suite's hermetic default, lifted for the rule's own tests
+        monkeypatch.setenv(CACHE.name, str(cache))
         monkeypatch.setattr(model_resolve, "_installed_gguf_sha", lambda: FAKE_GGUF_SHA if self.installed else None)
         monkeypatch.setattr(model_resolve, "inputs_installed", lambda: self.installed)
         monkeypatch.setattr(model_resolve, "build_default", self._build)
@@ -74,7 +75,7 @@ def test_the_suite_serves_the_embedded_model_unless_a_test_opts_in() -> None:
 def test_explicit_model_wins_over_everything(rule: Rule, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _build_into(rule.cache)
     rule.installed = True
-    monkeypatch.setenv(MODEL_ENV, "embedded")
+    monkeypatch.setenv(MODEL.name, "embedded")
     got = rule(tmp_path / "mine")
     assert (got.path, got.origin, rule.lines, rule.builds) == (tmp_path / "mine", "explicit", [], 0)
 
@@ -82,9 +83,9 @@ def test_explicit_model_wins_over_everything(rule: Rule, monkeypatch: pytest.Mon
 def test_env_names_the_embedded_model_or_a_directory(rule: Rule, monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     _build_into(rule.cache)
-    monkeypatch.setenv(MODEL_ENV, "embedded")
+    monkeypatch.setenv(MODEL.name, "embedded")
     assert (rule().path, rule().origin) == (EMBEDDED, "embedded")
-    monkeypatch.setenv(MODEL_ENV, str(tmp_path / "other"))
+    monkeypatch.setenv(MODEL.name, str(tmp_path / "other"))
     assert (rule().path, rule().origin) == (tmp_path / "other", "env")
     assert rule.lines == [] and rule.builds == 0
 

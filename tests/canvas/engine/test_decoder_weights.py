@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from canvas.engine.backend import DECODER_DIR, DECODER_ENV, Backend, load_backend, write_tiny_checkpoint
+from canvas.engine.backend import DECODER_DIR, Backend, load_backend, write_tiny_checkpoint
 from canvas.engine.core import Engine, GenRequest
 from canvas.engine.decoder_weights import (
     attach_decoder_adapters,
@@ -19,6 +19,7 @@ from canvas.engine.decoder_weights import (
     denoise_logits,
     load_decoder_adapters,
 )
+from canvas.env import DECODER_ADAPTERS
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.sampling.sampler import SamplerConfig
 from canvas.training.decoder_adapt import export_decoder_adapters
@@ -160,12 +161,12 @@ def test_adapter_set_found_refused_or_off(tiny_dir: dict[str, Path], monkeypatch
     shutil.copytree(tiny_dir["shift"], base / DECODER_DIR)
     found = load_backend(base, max_batch=1, threads=1)
     assert found.decoder is not None and found.decoder["path"] == str(base / DECODER_DIR)
-    monkeypatch.setenv(DECODER_ENV, "off")
+    monkeypatch.setenv(DECODER_ADAPTERS.name, "off")
     assert load_backend(base, max_batch=1, threads=1).decoder is None
-    monkeypatch.setenv(DECODER_ENV, str(tmp_path / "nowhere"))
+    monkeypatch.setenv(DECODER_ADAPTERS.name, str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match="adapters.json"):
         load_backend(base, max_batch=1, threads=1)
-    monkeypatch.delenv(DECODER_ENV)
+    monkeypatch.delenv(DECODER_ADAPTERS.name)
     # A damaged set and a set of another base are refused, never served half-loaded.
     meta = json.loads((base / DECODER_DIR / "adapters.json").read_text())
     (base / DECODER_DIR / "adapters.json").write_text(json.dumps({**meta, "sha256": "0" * 64}))

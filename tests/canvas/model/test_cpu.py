@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from canvas.env import DTYPE
 from canvas.model import DiffusionModel, ModelConfig, cpu
 from canvas.model.cpu import Probe, configure_threads, cpu_features, cpu_kind, resolve_dtype, usable_cores
 
@@ -36,7 +37,7 @@ def test_features_keep_only_the_flags_that_matter() -> None:
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch):
     """Pretend to be a CPU of a given kind whose probe says bf16 is or is not faster."""
-    monkeypatch.delenv(cpu.ENV_VAR, raising=False)
+    monkeypatch.delenv(DTYPE.name, raising=False)
     probed: list[bool] = []
 
     def set_machine(kind: str, bf16_faster: bool = True) -> list[bool]:
@@ -87,16 +88,16 @@ def test_models_that_decode_by_default_stay_fp32_where_the_q8_kernel_builds(mach
 
 def test_env_overrides_auto_and_an_explicit_choice_wins(machine, monkeypatch: pytest.MonkeyPatch) -> None:
     machine("avx2")
-    monkeypatch.setenv(cpu.ENV_VAR, "bf16")
+    monkeypatch.setenv(DTYPE.name, "bf16")
     assert resolve_dtype("auto", params=BIG) == torch.bfloat16
     assert resolve_dtype("fp32", params=BIG) == torch.float32
     machine("amx")
-    monkeypatch.setenv(cpu.ENV_VAR, "fp32")
+    monkeypatch.setenv(DTYPE.name, "fp32")
     assert resolve_dtype("auto", params=BIG) == torch.float32
-    monkeypatch.setenv(cpu.ENV_VAR, "auto")
+    monkeypatch.setenv(DTYPE.name, "auto")
     assert resolve_dtype("auto", params=BIG) == torch.bfloat16
-    monkeypatch.setenv(cpu.ENV_VAR, "fp16")
-    with pytest.raises(ValueError, match=cpu.ENV_VAR):
+    monkeypatch.setenv(DTYPE.name, "fp16")
+    with pytest.raises(ValueError, match=DTYPE.name):
         resolve_dtype("auto")
     with pytest.raises(ValueError, match="dtype must be"):
         resolve_dtype("float16")
@@ -149,7 +150,7 @@ def test_load_backend_loads_in_the_chosen_dtype(tmp_path: Path, monkeypatch: pyt
     from canvas.sampling.sampler import SamplerConfig
 
     path = write_tiny_checkpoint(tmp_path / "m")
-    monkeypatch.delenv(cpu.ENV_VAR, raising=False)
+    monkeypatch.delenv(DTYPE.name, raising=False)
     before = torch.get_num_threads()
     try:
         assert load_backend(path).engine.model.dtype == torch.float32  # a tiny model: fp32 under "auto"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from canvas.env import DECODE_COMPILE
 from canvas.model import DiffusionModel, KVCache, ModelConfig
-from canvas.model.decode import ENV_VAR, DecodeCompiler, attach_compiler, compile_setting
+from canvas.model.decode import DecodeCompiler, attach_compiler, compile_setting
 from canvas.model.int8 import Scheme, quantize_decode
 
 
@@ -68,13 +69,13 @@ def test_few_op_step_with_int8_weights_matches_the_general_int8_path(model: Diff
 
 
 def test_compile_setting_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(DECODE_COMPILE.name, raising=False)
     assert compile_setting() is False
-    monkeypatch.setenv(ENV_VAR, "On")
+    monkeypatch.setenv(DECODE_COMPILE.name, "On")
     assert compile_setting() is True
     assert compile_setting("off") is False
-    monkeypatch.setenv(ENV_VAR, "sometimes")
-    with pytest.raises(ValueError, match=ENV_VAR):
+    monkeypatch.setenv(DECODE_COMPILE.name, "sometimes")
+    with pytest.raises(ValueError, match=DECODE_COMPILE.name):
         compile_setting()
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from canvas.env import DECODE_INT8, Q8_ISA
 from canvas.model import DiffusionModel, ModelConfig
 from canvas.model.int8 import (
     DECODE_ROWS,
-    ENV_VAR,
     Q8_AVX2_ROWS,
     ROW_LIMITS,
     Int8Linear,
@@ -138,7 +138,7 @@ def test_q8_serves_prefill_only_where_its_kernel_has_vnni(model: DiffusionModel,
     passes of at most Q8_AVX2_ROWS rows (a few users' drafts) take the q8 weights there."""
     quantize_decode(model, "q8")
     for isa in ("avx2", "scalar"):
-        monkeypatch.setenv(q8_gemm.ISA_ENV, isa)
+        monkeypatch.setenv(Q8_ISA.name, isa)
         try:
             q8_gemm.build_isa()
         except ValueError as e:  # a CPU without AVX2
@@ -146,7 +146,7 @@ def test_q8_serves_prefill_only_where_its_kernel_has_vnni(model: DiffusionModel,
             continue
         assert row_limit("q8") == Q8_AVX2_ROWS
         assert model.int8_for(Q8_AVX2_ROWS) and not model.int8_for(Q8_AVX2_ROWS + 1)
-    monkeypatch.delenv(q8_gemm.ISA_ENV)
+    monkeypatch.delenv(Q8_ISA.name)
     if q8_gemm.build_isa() == "avx512_vnni":
         assert row_limit("q8") == ROW_LIMITS["q8"] and model.int8_for(4096)
     assert row_limit("weight") == row_limit("dynamic") == DECODE_ROWS
@@ -195,13 +195,13 @@ def test_int8_weights_serve_decode_steps_only(model: DiffusionModel, scheme: Sch
 
 
 def test_decode_scheme_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(DECODE_INT8.name, raising=False)
     assert decode_scheme() is None
-    monkeypatch.setenv(ENV_VAR, "Weight")
+    monkeypatch.setenv(DECODE_INT8.name, "Weight")
     assert decode_scheme() == "weight"
     assert decode_scheme("off") is None and decode_scheme("dynamic") == "dynamic"
-    monkeypatch.setenv(ENV_VAR, "int4")
-    with pytest.raises(ValueError, match=ENV_VAR):
+    monkeypatch.setenv(DECODE_INT8.name, "int4")
+    with pytest.raises(ValueError, match=DECODE_INT8.name):
         decode_scheme()
 
 
@@ -231,7 +231,7 @@ def test_auto_gives_int8_decoding_to_large_fp32_models_only(monkeypatch: pytest.
     from canvas.model.int8 import AUTO_MIN_PARAMS, scheme_for
     from kernels import q8_gemm
 
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv(DECODE_INT8.name, raising=False)
     torch.manual_seed(0)
     tiny = DiffusionModel(ModelConfig.from_name("tiny")).eval()
     assert sum(p.numel() for p in tiny.parameters()) < AUTO_MIN_PARAMS
@@ -244,10 +244,10 @@ def test_auto_gives_int8_decoding_to_large_fp32_models_only(monkeypatch: pytest.
     monkeypatch.setattr(q8_gemm, "available", lambda: False)
     assert scheme_for(big) == "weight"
     assert scheme_for(tiny, "q8") == "q8"
-    monkeypatch.setenv(ENV_VAR, "off")
+    monkeypatch.setenv(DECODE_INT8.name, "off")
     assert scheme_for(big) is None
     assert scheme_for(tiny.to(torch.bfloat16), "weight") is None  # never for a non-fp32 model
-    with pytest.raises(ValueError, match=ENV_VAR):
+    with pytest.raises(ValueError, match=DECODE_INT8.name):
         scheme_for(tiny, "int4")
 
 
