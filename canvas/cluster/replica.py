@@ -40,6 +40,7 @@ NAMESPACE = "dcanvas"  # where the stats board is named (Serve's own actors live
 DEPLOYMENT = "EngineReplica"
 MAX_DOCUMENTS = 64  # documents a replica keeps affinity for (least recently used leave first)
 POST_EVERY_S = 1.0  # how often a replica posts its figures
+MIB = 1 << 20
 # Serve's router holds requests beyond this per replica in its own queue; admission refuses long before (its bound
 # is at most `AdmissionConfig.max_sized_queue` waiting plus `max_batch` running), so this only guards a runaway.
 MAX_ONGOING = 1024
@@ -136,12 +137,15 @@ class EngineReplica:
             self.counts[done.status if done is not None else "abandoned"] += 1
 
     def figures(self) -> dict[str, Any]:
-        """This replica's counts, its admission's queue figures and what it serves now ([document id, fingerprint]
-        of each generation it runs or queues)."""
+        """This replica's counts, its admission's queue figures, what it serves now ([document id, fingerprint]
+        of each generation it runs or queues) and its context cache's fill (`context_cache_mib`: held and budget,
+        the bounded memory a replica's RSS grows by until it is full; the soak's flatness judgement needs it)."""
+        cache = self.engine.contexts.stats()
         return {"replica": self.replica, "actor": self.actor_name, "pid": self.pid,
                 "node": ray.get_runtime_context().get_node_id(), **self.counts,
                 "documents": len(self.documents), "queue": self.admission.stats(),
-                "serving": [[doc, fp] for doc, fp in self.serving.values()]}
+                "serving": [[doc, fp] for doc, fp in self.serving.values()],
+                "context_cache_mib": [round(cache.bytes / MIB, 1), round(cache.budget_bytes / MIB, 1)]}
 
     async def stats(self) -> dict[str, Any]:
         self._start_posting()

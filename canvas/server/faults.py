@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from canvas.store.base import DocRecord, DocStore, EditRecord, Positions, ProposalRecord, SharedStore
+from canvas.store.base import CommitUnknown, DocRecord, DocStore, EditRecord, Positions, ProposalRecord, SharedStore
 from canvas.store.sqlite import Store
 
 FAULTS_ENV = "DCANVAS_STORE_FAULTS"
@@ -172,6 +172,9 @@ class FaultyStore:
 
     def proposal(self, gen: str) -> ProposalRecord | None:
         return self.inner.proposal(gen)
+
+    def committed(self, unknown: CommitUnknown) -> bool:
+        return self.inner.committed(unknown)
 
     def close(self) -> None:
         self.inner.close()

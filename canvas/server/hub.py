@@ -8,9 +8,12 @@ sends one or the other with `re`.
 
 Invariants:
 - One `asyncio.Lock` per document serialises its mutations (`locked`); a mutation is acknowledged (reply and
-  broadcast) only after `Store.save` has returned (or raised, but the store shows it saved: a connection lost
-  during COMMIT), so a `kill -9` loses no acknowledged change and a retry never makes one twice. The save carries
-  the change's measure and the moved proposals too, so a restarted server rebases exactly as this one would.
+  broadcast) only after `Store.save` has returned (or raised `CommitUnknown`, a connection lost during COMMIT, and
+  the store, read back, shows it saved), so a `kill -9` loses no acknowledged change and a retry never makes one
+  twice. A change is refused as "nothing changed" only when the store shows it was not made; while that cannot be
+  told the client hears so (`outcome_unknown`), and memory keeps nothing the store may not hold (`LiveDoc.dirty`:
+  reloaded before the next request acts on it). The save carries the change's measure and the moved proposals
+  too, so a restarted server rebases exactly as this one would.
 - Every change is measured (`rebase.diff`) and recorded with the version it made; edits against an old version are
   rebased over those changes or refused with `stale_version`. A change that overlaps a running generation's region
   stops it (`stale`); one that overlaps a pending proposal makes accepting it fail with `stale_version`.
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any
 
@@ -76,12 +80,20 @@ from canvas.sampling.modes import LABELS
 from canvas.server.admission import Admission, Admits
 from canvas.server.gens import Generations
 from canvas.server.peers import Peers
-from canvas.server.persist import encode_change, load_live, positions, unavailable, write_failed
+from canvas.server.persist import (
+    RESOLVE_S,
+    encode_change,
+    load_live,
+    outcome_unknown,
+    positions,
+    unavailable,
+    write_failed,
+)
 from canvas.server.proposals import Proposals, compose
 from canvas.server.rebase import Change, ChangeLog, diff, rebase_ops, rebase_range
 from canvas.server.security import authorized
 from canvas.server.state import LiveDoc, Session, snapshot
-from canvas.store.base import DocStore, DocumentNotFound
+from canvas.store.base import CommitUnknown, DocStore, DocumentNotFound
 
 log = logging.getLogger("canvas.server")
 __all__ = ["Hub", "compose", "to_doc_op"]  # compose lives in canvas.server.proposals; importing it here still works
@@ -124,8 +136,9 @@ class Hub:
         self.gens = Generations(self)
         self.proposals = Proposals(self)
         self._load_lock = asyncio.Lock()
-        # (session, document) -> (request, version, ops) of a failed save the store could not say it kept (`_repeat`)
-        self._unsure: dict[tuple[str, str], tuple[Hashable, int, list[Any]]] = {}
+        self.resolve_s = RESOLVE_S  # how long a COMMIT that lost its connection waits to learn its outcome
+        # (session, document) -> (request, its save) of a change whose outcome the store could not tell (`_repeat`)
+        self._unsure: dict[tuple[str, str], tuple[Hashable, CommitUnknown]] = {}
         self._handlers: dict[str, Callable[[Session, Any], Awaitable[ServerReply | None]]] = {
             "hello": self._hello,
             "doc.open": self._doc_open,
@@ -220,6 +233,8 @@ class Hub:
                 async with self.peers.guard(live):
                     if self.docs.get(doc_id) is not live:  # another process deleted it (`Peers.refresh`)
                         raise DocumentNotFound(doc_id)
+                    if live.dirty:  # memory may hold a change the store refused: act on what the store holds
+                        await self._reload(live)
                     yield live
                     return
 
@@ -271,65 +286,100 @@ class Hub:
         # once (keeping it in memory would have a retry apply it twice, and lose it at the next restart).
         settled = dict(live.unsaved)
         try:
-            await asyncio.to_thread(
-                self.store.save, doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text),
+            unknown = await self._save(
+                doc.doc_id, doc.version, state, ops_json, name=live.name, chars=len(doc.text),
                 change=encode_change(change), positions=positions(live), resolved=settled,
             )  # fmt: skip
         except Exception as e:
             if not write_failed(e):
                 raise
-            # A connection lost during COMMIT leaves it unknown whether the save landed: the store says. Landed: the
-            # change is acknowledged as made (a retry told "nothing changed" would make it twice).
-            if not await self._landed(doc.doc_id, doc.version, ops_json):
-                try:
-                    await self._roll_back(live, accepting)
-                except Exception:  # the store cannot even be read: the retry of this request is checked then
-                    if session is not None and retry is not None:
-                        self._unsure[(session.id, doc.doc_id)] = (retry, doc.version, ops_json)
-                    raise e from None
-                raise
-            log.warning("document %s: v%d was saved although the store reported %s", doc.doc_id, doc.version, e)
+            await self._roll_back(live, accepting)  # the store shows nothing of it: neither may memory
+            raise
+        if unknown is not None:  # it may or may not be stored: memory keeps nothing of it, the retry is checked
+            if session is not None and retry is not None:
+                self._unsure[(session.id, doc.doc_id)] = (retry, unknown)
+            self._stale(live, accepting)
+            raise outcome_unknown(unknown)
         for gen in settled:
             live.unsaved.pop(gen, None)
         self.broadcast(live, exclude=session)
         return change
 
-    async def _landed(self, doc_id: str, v: int, ops_json: list[Any]) -> bool:
-        """Whether the store holds version `v` of the document as made by `ops_json` (False when it cannot say)."""
+    async def _save(self, *args: Any, **kwargs: Any) -> CommitUnknown | None:
+        """`store.save` (in a thread). A COMMIT that lost its connection (`CommitUnknown`) is read back from the store
+        before anyone is told anything: made, this returns None as for a save that returned; not made, it raises
+        as any failed save (nothing changed); still unknown after `resolve_s`, it returns the `CommitUnknown`."""
         try:
-            records = await asyncio.to_thread(self.store.edits, doc_id, v - 1)
-        except Exception as e:
-            if not write_failed(e):
+            await asyncio.to_thread(self.store.save, *args, **kwargs)
+        except CommitUnknown as e:
+            made = await self._outcome(e)
+            if made is None:
+                return e
+            if not made:
                 raise
-            return False
-        return any(r.v == v and r.ops == ops_json for r in records)
+            log.warning("document %s: v%s was saved although the connection was lost at COMMIT", e.doc_id, e.v)
+        return None
+
+    async def _outcome(self, unknown: CommitUnknown) -> bool | None:
+        """Whether the save that raised `unknown` was made, read back while the store restarts (None: still unknown
+        after `resolve_s`). Holding the document's lock meanwhile: nothing may act on a version of unknown fate."""
+        deadline = time.monotonic() + self.resolve_s
+        delay = 0.05
+        while True:
+            try:
+                return bool(await asyncio.to_thread(self.store.committed, unknown))
+            except Exception as e:
+                if not write_failed(e):
+                    raise
+            if time.monotonic() + delay > deadline:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
 
     async def _repeat(self, session: Session, live: LiveDoc, retry: Hashable) -> bool:
-        """Whether this request repeats one of the session's whose save failed with the store unreadable, and which
-        the store now shows made (the answer was lost, not the change): then it is acknowledged, not made again."""
-        unsure = self._unsure.pop((session.id, live.doc_id), None)
+        """Whether this request repeats one of the session's whose outcome the store could not tell, and which the
+        store now shows made (the answer was lost, not the change): then it is acknowledged, not made again."""
+        key = (session.id, live.doc_id)
+        unsure = self._unsure.pop(key, None)
         if unsure is None or unsure[0] != retry:
             return False
-        _, v, ops_json = unsure
-        return await self._landed(live.doc_id, v, ops_json)
+        try:
+            return bool(await asyncio.to_thread(self.store.committed, unsure[1]))
+        except Exception as e:
+            if write_failed(e):  # still cannot tell: the next retry asks again
+                self._unsure[key] = unsure
+            raise
 
     async def _roll_back(self, live: LiveDoc, accepting: str | None) -> None:
-        """The store could not save a change `mutate` made in memory: put the document back as the store has it (in
+        """The store did not save a change `mutate` made in memory: put the document back as the store has it (in
         place, like `Peers.refresh`), so that nobody sees a change that was refused and a retry applies it once. A
-        generation running on it stops as `unavailable` (its region may have moved over the change)."""
-        if accepting is not None:
-            live.unsaved.pop(accepting, None)  # still pending in the store: pending here again
+        generation running on it stops as `unavailable` (its region may have moved over the change). When the store
+        cannot be read either, the document is reloaded before its next request (`LiveDoc.dirty`)."""
         try:
-            fresh = await asyncio.to_thread(load_live, self.store, live.doc_id, self.backend.tokenizer)
-        except Exception:  # the store cannot be read either: the document leaves memory, to be read again later
-            log.exception("document %s: could not roll back a change the store refused", live.doc_id)
-            if self.docs.get(live.doc_id) is live and live.run is None:
-                del self.docs[live.doc_id]
-            raise
-        live.doc, live.name, live.snap, live.log = fresh.doc, fresh.name, fresh.snap, fresh.log
-        live.proposals = {g: p for g, p in fresh.proposals.items() if g not in live.unsaved}
+            await self._reload(live, accepting)
+        except Exception:
+            log.warning("document %s: could not roll back a change the store refused; reloading it later", live.doc_id)
+            self._stale(live, accepting)
+            return
         if live.run is not None:
             live.run.stop("unavailable", "the document store could not save a change to the document; retry")
+
+    def _stale(self, live: LiveDoc, accepting: str | None) -> None:
+        """Memory holds a change the store may not: reload before the next request (`locked`); stop a generation."""
+        if accepting is not None:
+            live.unsaved.pop(accepting, None)  # still pending in the store (or settled there: the reload says)
+        live.dirty = True
+        if live.run is not None:
+            live.run.stop("unavailable", "the document store could not save a change to the document; retry")
+
+    async def _reload(self, live: LiveDoc, accepting: str | None = None) -> None:
+        """The document as the store has it, in place (the same object, lock and subscribers)."""
+        if accepting is not None:
+            live.unsaved.pop(accepting, None)  # still pending in the store: pending here again
+        fresh = await asyncio.to_thread(load_live, self.store, live.doc_id, self.backend.tokenizer)
+        live.doc, live.name, live.snap, live.log = fresh.doc, fresh.name, fresh.snap, fresh.log
+        live.proposals = {g: p for g, p in fresh.proposals.items() if g not in live.unsaved}
+        live.dirty = False
 
     def _subscribe(self, session: Session, live: LiveDoc) -> None:
         if live.doc_id not in session.docs and len(session.docs) >= self.limits.max_open_docs:
@@ -372,10 +422,12 @@ class Hub:
                 self._subscribe(session, live)
                 if msg.name is not None and msg.name != live.name:
                     state = live.doc.to_dict()
-                    await asyncio.to_thread(
-                        self.store.save, live.doc_id, live.doc.version, state, None, name=msg.name,
-                        chars=len(live.doc.text),
+                    unknown = await self._save(
+                        live.doc_id, live.doc.version, state, None, name=msg.name, chars=len(live.doc.text)
                     )
+                    if unknown is not None:
+                        live.dirty = True  # the name is the store's to say
+                        raise outcome_unknown(unknown)
                     live.name = msg.name  # only once stored: a refused save leaves the old name
                 return self.state(live)
         text = msg.text or ""
@@ -391,9 +443,9 @@ class Hub:
             )
         doc = Document(self.backend.tokenizer, text, config=self.backend.document_config(), doc_id=secrets.token_hex(8))
         live = LiveDoc(doc, msg.name or "", snapshot(doc), ChangeLog(doc.version))
-        await asyncio.to_thread(
-            self.store.save, doc.doc_id, doc.version, doc.to_dict(), None, name=live.name, chars=len(doc.text)
-        )
+        unknown = await self._save(doc.doc_id, doc.version, doc.to_dict(), None, name=live.name, chars=len(doc.text))
+        if unknown is not None:
+            raise outcome_unknown(unknown)
         self.docs[doc.doc_id] = live
         self._subscribe(session, live)
         return self.state(live)

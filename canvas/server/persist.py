@@ -11,6 +11,10 @@ Invariant: everything stored here is written in the same transaction as the docu
 A write the store could not make (an I/O error, a full disk: `write_failed`) is told to the client as `busy` with
 `data.unavailable` (retryable, `retry_after_s`), never `internal`: the store rolled the transaction back and the
 server keeps nothing of the change in memory either (`Hub.mutate` reloads the document), so a retry applies it once.
+A write whose COMMIT lost its connection (`canvas.store.base.CommitUnknown`) is told only once its outcome is known
+(`Hub.mutate` reads the store back for up to `RESOLVE_S`): made, it is acknowledged; not made, it is `busy` as
+above; still unknown, the client is told so (`outcome_unknown`: `busy` with `data.outcome = "unknown"`), never
+"nothing changed".
 """
 
 from __future__ import annotations
@@ -24,17 +28,20 @@ from canvas.document import Document, StateError, TextTokenizer, proposal_from_j
 from canvas.protocol import ErrorCode, ProtocolError
 from canvas.server.rebase import Change, ChangeLog
 from canvas.server.state import LiveDoc, PendingProposal, snapshot
-from canvas.store.base import DocStore, EditRecord, Positions
+from canvas.store.base import CommitUnknown, DocStore, EditRecord, Positions
 
 LOG_LENGTH = 256  # changes a document remembers for rebasing (docs/protocol.md says 256)
 _STORAGE_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 RETRY_AFTER_S = 1.0  # what a client told that the store could not write waits before it retries
+# How long a change whose COMMIT lost its connection waits for the store to answer whether it was made. Past it the
+# client is told the outcome is unknown. Longer than a database restart (seconds), shorter than a client's patience.
+RESOLVE_S = 30.0
 
 
 def write_failed(exc: BaseException) -> bool:
     """Whether `exc` is the store failing to write (I/O error, full disk, locked or unreachable database), as
     opposed to a bug or a bad request. psycopg's errors are matched by module so that SQLite needs no psycopg."""
-    if isinstance(exc, sqlite3.DatabaseError):
+    if isinstance(exc, (sqlite3.DatabaseError, CommitUnknown)):
         return True
     if isinstance(exc, OSError):  # not every OSError: a lost connection to an engine replica is no store failure
         return exc.errno in _STORAGE_ERRNOS
@@ -47,6 +54,18 @@ def unavailable(exc: BaseException, re: str | int | None = None) -> ProtocolErro
     return ProtocolError(
         ErrorCode.BUSY, f"the document store could not save the change ({reason}); nothing changed, retry", re,
         data={"retry_after_s": RETRY_AFTER_S, "unavailable": reason},
+    )  # fmt: skip
+
+
+def outcome_unknown(exc: BaseException, re: str | int | None = None) -> ProtocolError:
+    """The typed, retryable error for a change whose COMMIT lost its connection and whose outcome the store could not
+    be read to tell within `RESOLVE_S`: it may have been made. The session's retry of the same request is checked
+    against the store first (`Hub._repeat`), so it is acknowledged, not made twice, if it was."""
+    reason = str(exc).strip()[:120] or type(exc).__name__
+    return ProtocolError(
+        ErrorCode.BUSY, "the document store lost its connection while saving the change and cannot yet tell whether "
+        "it was saved: re-read the document (or retry the same request on this connection)", re,
+        data={"retry_after_s": RETRY_AFTER_S, "unavailable": reason, "outcome": "unknown"},
     )  # fmt: skip
 
 

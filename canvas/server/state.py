@@ -71,6 +71,9 @@ class LiveDoc:
     run: Any = None  # the running canvas.server.gens.Run, if any
     proposals: dict[str, PendingProposal] = field(default_factory=dict)  # oldest first
     unsaved: dict[str, str] = field(default_factory=dict)  # gen -> outcome settled here but not yet in the store
+    # Memory may hold a change the store refused (it could not be read back to roll it back): `Hub.locked` reloads
+    # the document before anyone acts on it again.
+    dirty: bool = False
 
     @property
     def doc_id(self) -> str:

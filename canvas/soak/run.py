@@ -43,7 +43,7 @@ from canvas.soak.checker import ReplicaWatch, check_actors, check_answer_times, 
 from canvas.soak.cluster import Deployment
 from canvas.soak.schedule import FAULTS, SERVER_SIDE, Fault, draw, parse_faults
 from canvas.soak.server import ServerArgs, ServerProc, open_fds, rss_mib
-from canvas.soak.targets import Series, flatness, processes, targets
+from canvas.soak.targets import Caches, Series, flatness, processes, targets
 from canvas.soak.writers import Known, Writer, WriterLog
 from canvas.store import open_store
 from canvas.store.base import describe
@@ -89,6 +89,15 @@ class Faults:
             write_control(self.control, "off")
 
 
+def replica_series(series: dict[str, Series], caches: dict[str, Caches]) -> dict[str, list[list[float | None]]]:
+    """Each replica's [t, RSS MiB, context cache MiB held] samples (the report's record of growth against its bound)."""
+    out: dict[str, list[list[float | None]]] = {}
+    for label, fill in caches.items():
+        held = {t: h for t, h, _ in fill}
+        out[label] = [[t, round(r, 1), held.get(t)] for t, r, _ in series.get(label, [])]
+    return out
+
+
 def server_flatness(samples: list[Sample], attr: str, start: int | None = None) -> dict[str, Any]:
     """`flatness` of one server process (`start`; default the last)."""
     which = samples[-1].start if start is None and samples else start
@@ -116,6 +125,7 @@ class Soak:
         self.deployment = Deployment(self.server, pg, self.rng)
         self.windows: list[tuple[str, float, float]] = []  # server-side faults: (kind, start, end)
         self.series: dict[str, Series] = {}  # replicas and the postmaster, by label: (t, rss, fds)
+        self.caches: dict[str, Caches] = {}  # replicas' context caches, by label: (t, held MiB, budget MiB)
         self.watch = ReplicaWatch()
         self.t0 = 0.0
 
@@ -135,10 +145,15 @@ class Soak:
                 queue = health.get("queue") or {}
                 if self.args.ray and health:
                     self.watch.observe(self._now(), queue)
+                fills = {f"replica:{r.get('pid')}": r.get("context_cache_mib") for r in queue.get("replicas") or []}
                 for label, other in self.deployment.processes(queue).items():
                     rss, fds = rss_mib(other), open_fds(other)
                     if rss is not None and fds is not None:
-                        self.series.setdefault(label, []).append((self._now(), rss, float(fds)))
+                        now = self._now()
+                        self.series.setdefault(label, []).append((now, rss, float(fds)))
+                        fill = fills.get(label)
+                        if isinstance(fill, list) and len(fill) == 2:
+                            self.caches.setdefault(label, []).append((now, float(fill[0]), float(fill[1])))
             await asyncio.sleep(SAMPLE_S)
 
     async def _fire(self, f: Fault, actors: Actors, writers: list[Writer]) -> None:
@@ -307,7 +322,7 @@ class Soak:
             "server_rss_mib": rss, "server_fds": fds,
             "processes": processes({**{f"ingress#{n}": [(s.t, s.rss_mib, float(s.fds)) for s in self.samples
                                                          if s.start == n] for n in {s.start for s in self.samples}},
-                                    **self.series}),  # fmt: skip
+                                    **self.series}, self.caches),  # fmt: skip
             "by_process": {str(n): {"rss_growth": server_flatness(self.samples, "rss_mib", n)["growth"],
                                     "fds_growth": server_flatness(self.samples, "fds", n)["growth"],
                                     "rss_mib_max": max(s.rss_mib for s in self.samples if s.start == n),
@@ -320,6 +335,8 @@ class Soak:
                                 "max_ever_last_process": (health.get("loop_lag_ms") or {}).get("max_ever")},
             "server_queue_last": health.get("queue"),
             "samples": [[s.t, s.start, s.rss_mib, s.fds, s.lag_p99_ms] for s in self.samples],
+            # Each replica's RSS beside its context cache's fill, so its growth can be read against its bound.
+            "replica_series": replica_series(self.series, self.caches),
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }
 

@@ -4,8 +4,9 @@ whose SQL is the same in both.
 
 Owns the data model of a stored document (`DocRecord`, `EditRecord`, `ProposalRecord`, the schema version both
 schemas follow) and the invariants every store keeps: versions of a document only grow (`VersionRegression`), a
-save is all or nothing, durable once it returns. `canvas.store.sqlite` and `canvas.store.pg` write what differs
-(schema, save, add_proposal, load); neither imports the other.
+save is all or nothing, durable once it returns, and a failed one wrote nothing unless it raised `CommitUnknown`
+(the connection lost at COMMIT), whose outcome `committed` tells once the store can be read. `canvas.store.sqlite`
+and `canvas.store.pg` write what differs (schema, save, add_proposal, load); neither imports the other.
 """
 
 from __future__ import annotations
@@ -40,6 +41,22 @@ class VersionRegression(StoreError, ValueError):
     def __init__(self, doc_id: str, v: int, stored: int) -> None:
         super().__init__(f"document {doc_id!r} is at version {stored}; cannot save version {v}")
         self.doc_id, self.v, self.stored = doc_id, v, stored
+
+
+class CommitUnknown(StoreError):
+    """The connection to the store was lost while a write committed: the write may or may not have been made.
+
+    Raised only for a failure at COMMIT (every failure before it leaves nothing written). It names the write well
+    enough for `committed` to say, once the store can be read again, whether it was made: the document, the version
+    saved (None for a write that saves no version: a proposal added or settled, a deletion), its time `at` (stored
+    with the edit, or as the document's `updated`) and `writer`, the store's own name for the lost session (PostgreSQL:
+    its backend pid and start), which `committed` waits out so that a COMMIT still under way cannot land later."""
+
+    def __init__(self, doc_id: str, v: int | None, at: float, ops: bool, writer: Any = None, reason: str = "") -> None:
+        # Neutral on the outcome: the server quotes it once it knows (made, not made, or still unknown).
+        super().__init__(f"the connection to the store was lost at the COMMIT of a write to document {doc_id!r}"
+                         + (f" ({reason})" if reason else ""))  # fmt: skip
+        self.doc_id, self.v, self.at, self.ops, self.writer = doc_id, v, at, ops, writer
 
 
 class DuplicateProposal(StoreError, ValueError):
@@ -143,6 +160,7 @@ class DocStore(Protocol):
     def edits(self, doc_id: str, since_v: int = 0) -> list[EditRecord]: ...
     def proposals(self, doc_id: str) -> list[ProposalRecord]: ...
     def proposal(self, gen: str) -> ProposalRecord | None: ...
+    def committed(self, unknown: CommitUnknown) -> bool: ...
     def close(self) -> None: ...
 
 
@@ -275,6 +293,20 @@ class SqlStore:
         with self._lock:
             row = self._db.execute(self._q(f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE gen=?"), (gen,)).fetchone()
         return None if row is None else _proposal(row)
+
+    def committed(self, unknown: CommitUnknown) -> bool:
+        """Whether the save that raised `unknown` was made: its edit (version and time) is in the log, or, for a
+        save without an edit (a creation, a rename), the document is at that version with that `updated` time (which
+        a later write replaces: such a save then reads as not made). Raises the driver's error while the store cannot
+        be read; a write that saved no version cannot be told (False)."""
+        if unknown.v is None:
+            return False
+        with self._lock:
+            if unknown.ops:
+                sql = "SELECT 1 FROM edits WHERE doc_id=? AND v=? AND time=?"
+            else:
+                sql = "SELECT 1 FROM documents WHERE doc_id=? AND v=? AND updated=?"
+            return self._db.execute(self._q(sql), (unknown.doc_id, unknown.v, unknown.at)).fetchone() is not None
 
     # -- lifetime --------------------------------------------------------------------------------------------
 

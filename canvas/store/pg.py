@@ -22,6 +22,16 @@ Thread safety: one connection in autocommit mode guarded by a `threading.Lock`, 
 broke (a database restart: `_db`); every call is one short transaction (`synchronous_commit` as the server is
 configured: on by default, so durable at return). psycopg is imported when a store is opened, so nothing else needs
 it installed (the `pg` extra).
+
+A lost connection, and what it must never cause (the scale-out soak's duplicated and unannounced edits):
+- A failure before COMMIT wrote nothing. A failure *at* COMMIT (the connection lost: a restart, a cut) may have
+  committed: it raises `CommitUnknown`, and `committed` tells, once the database answers again, whether the write is
+  there (its edit's version and time), after making sure the lost session has ended (its backend pid and start
+  time gone from `pg_stat_activity`, terminated if need be), so that a COMMIT still under way cannot land later.
+- The advisory locks of a lost connection went with it. A write to a document whose lock was taken on a connection
+  since lost fails (retryable, before writing anything) instead of writing unlocked on the new connection; and
+  `unlock` after a lost connection has nothing to release and never raises (a failing unlock after a save that
+  committed would have told the client "nothing changed" of a change that was made).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from typing import Any
 
 from canvas.store.base import (
     SCHEMA_VERSION,
+    CommitUnknown,
     DocumentNotFound,
     DuplicateProposal,
     Positions,
@@ -111,6 +122,9 @@ class PgStore(SqlStore):
         self._lock = threading.Lock()
         self._seen: dict[str, int] = {}  # doc_id -> the stamp this process last read or wrote
         self._listener: _Listener | None = None
+        self._epoch = 0  # connections opened so far, less one: which connection a lock was taken on
+        self._held: dict[str, int] = {}  # doc_id -> the epoch of the connection that holds its advisory lock
+        self._backend = self._whoami()
         with self._lock, self._db.transaction():
             self._db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             for statement in _SCHEMA.split(";"):
@@ -140,16 +154,51 @@ class PgStore(SqlStore):
             with contextlib.suppress(Exception):
                 self._conn.close()
             self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self._connect_timeout)
+            self._epoch += 1
+            self._backend = self._whoami()
         return self._conn
+
+    def _whoami(self) -> tuple[int, Any]:
+        """This connection's backend: (pid, start time), which names its session even after the pid is reused."""
+        row = self._conn.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        return (int(row[0]), row[1]) if row is not None else (int(self._conn.info.backend_pid), None)
 
     # -- writing ---------------------------------------------------------------------------------------------
 
     @contextmanager
-    def _writing(self, doc_id: str) -> Iterator[Any]:
-        """One transaction (the caller holds `_lock`) whose commit notifies the other processes of `doc_id`."""
-        with self._db.transaction():
-            yield self._db
-            self._db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance} {doc_id}"))
+    def _writing(self, doc_id: str, v: int | None = None, at: float = 0.0, ops: bool = False) -> Iterator[Any]:
+        """One transaction (the caller holds `_lock`) whose commit notifies the other processes of `doc_id`. A lost
+        connection at COMMIT raises `CommitUnknown` (`v`, `at`, `ops`: what `committed` looks for); any failure
+        before it wrote nothing."""
+        import psycopg
+
+        db = self._db
+        held = self._held.get(doc_id)
+        if held is not None and held != self._epoch:
+            raise psycopg.OperationalError(
+                f"the connection that held document {doc_id!r}'s lock was lost; nothing was written, retry"
+            )
+        db.execute("BEGIN")
+        try:
+            yield db
+            db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance} {doc_id}"))
+        except BaseException:
+            if not (db.closed or db.broken):
+                with contextlib.suppress(psycopg.Error):  # failing, it breaks the connection: nothing to roll back
+                    db.execute("ROLLBACK")
+            raise
+        writer = self._backend
+        try:
+            self._commit(db)
+        except psycopg.Error as e:
+            if not (db.closed or db.broken):  # the database answered: the transaction did not commit
+                raise
+            raise CommitUnknown(doc_id, v, at, ops, writer, str(e).strip()[:120]) from e
+
+    def _commit(self, db: Any) -> None:
+        db.execute("COMMIT")
 
     def _touched(self, doc_id: str) -> None:
         """Bump the document's stamp and remember it as this process's own write (forget a deleted document)."""
@@ -177,7 +226,7 @@ class PgStore(SqlStore):
         """As `canvas.store.sqlite.Store.save`: state `v` of `doc_id` with the edit that made it, atomic and durable."""
         blob, ops_blob, change_blob, chars = save_blobs(v, state, ops, change, chars)
         now = time.time()
-        with self._lock, self._writing(doc_id) as db:
+        with self._lock, self._writing(doc_id, v, now, ops_blob is not None) as db:
             row = db.execute("SELECT v FROM documents WHERE doc_id=%s FOR UPDATE", (doc_id,)).fetchone()
             if row is None:
                 inserted = db.execute(
@@ -240,11 +289,48 @@ class PgStore(SqlStore):
         """Take the document's cross-process lock if it is free (re-entrant within this process's connection)."""
         with self._lock:
             row = self._db.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (doc_id,)).fetchone()
-        return row is not None and bool(row[0])
+            taken = row is not None and bool(row[0])
+            if taken:
+                self._held[doc_id] = self._epoch
+        return taken
 
     def unlock(self, doc_id: str) -> None:
+        """Release the document's lock. Never fails for a lost connection: its locks went with it (one lost now is
+        closed, so that none can outlive this call)."""
+        import psycopg
+
         with self._lock:
-            self._db.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (doc_id,))
+            held = self._held.pop(doc_id, None)
+            conn = self._conn
+            if held != self._epoch or conn.closed or conn.broken:
+                return  # taken on a connection since lost (or never): nothing holds it
+            try:
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (doc_id,))
+            except psycopg.Error:
+                with contextlib.suppress(Exception):
+                    conn.close()  # ends the session, and every lock it held; the next call reconnects
+
+    def committed(self, unknown: CommitUnknown) -> bool:
+        """As `SqlStore.committed`, once the session that lost its COMMIT has ended (terminated if it lingers): a
+        COMMIT still under way in it could otherwise land after this said it had not."""
+        with self._lock:
+            db = self._db  # reconnected first: the lost session is never this one
+            pid, start = unknown.writer if unknown.writer is not None else (None, None)
+            if pid is not None and (pid, start) != self._backend:
+                import psycopg
+
+                lingering = f"the session of the lost COMMIT (pid {pid}) has not ended yet"
+                try:
+                    row = db.execute(
+                        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                        "WHERE pid=%s AND backend_start IS NOT DISTINCT FROM %s",
+                        (pid, start),
+                    ).fetchone()
+                except psycopg.errors.InsufficientPrivilege:  # not ours to end: wait for it to end by itself
+                    raise psycopg.OperationalError(lingering) from None
+                if row is not None and not row[0]:
+                    raise psycopg.OperationalError(lingering)
+        return super().committed(unknown)
 
     def changed(self, doc_id: str) -> bool:
         """Whether another process wrote the document (or deleted it) since this one last read or wrote it."""
