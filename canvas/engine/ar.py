@@ -24,6 +24,9 @@ the tokens written since (K, new): on a CPU a step's cost grows with its rows (t
 dot-product rate from a few rows up, BENCHMARKS.md), and a prefill of many tokens a row costs less per token than
 a shadow row in every step. The seam pass scores the seam's first token too, re-reading each ending's last draft
 token. The FIM frame's own likelihood of the draft (conditioned on both sides) is what `ar_draft_weight` weighs.
+The plain context itself may be deferred too (the engine's `lazy_context`): the drafts never read it, so an editor's
+long context is encoded only when the seam is scored (or an SMC resample reads it), and not at all when the client's
+deadline takes a draft first (`ARWalk.plain`).
 A lane that has written `<|fim_end|>` gives up its batch row from the next step on (`ARWalk.active`: K drafts do not
 cost K rows to the last), and the gap ends, in the step that decides it, once `EARLY_END_SHARE` of its lanes have
 ended: the lanes still writing then offer only the clause ends they have written, never the budget.
@@ -47,7 +50,8 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -166,15 +170,33 @@ class ARWalk:
     """One AR row's walk over its canvas. Mutates the row's `canvas` and `argmax` (L,) tensors in place; owns its
     private single-row context cache `ctx` (the plain frame: `context` and what the walk fed after it, kept in
     `history`) and the next-token logits `last` (V,) after it. `fim`: the FIM ids when this row's infills prompt
-    with the FIM format (the engine resolves `SamplerConfig.fim` against the model)."""
+    with the FIM format (the engine resolves `SamplerConfig.fim` against the model).
 
-    def __init__(self, model: DiffusionModel, cfg: SamplerConfig, ctx: KVCache, last: Tensor, canvas: Tensor,
-                 argmax: Tensor, pinned: Tensor, used: int, generator: torch.Generator, *, keep_context: bool,
-                 room: int, clause_ends: frozenset[int] | None = None, avoid: Sequence[tuple[int, ...]] = (),
-                 context: Sequence[int] = (), fim: FimTokens | None = None,
+    `ctx` and `last` None: the plain context is not encoded yet (the engine defers it for a FIM infill, whose drafts
+    read only the FIM prompt). The walk then encodes it when something first reads the plain frame (`plain()`: the
+    seam's scoring, an SMC resample, a gap drafted in the plain frame), by the same `prefix` prefills the eager path
+    runs (the context with `room`, `stop` asked between its pieces, then each pinned run fed before the first gap),
+    so the same pieces are encoded, the same blocks cached, and the same logits come out. Needs `prefix`."""
+
+    def __init__(self, model: DiffusionModel, cfg: SamplerConfig, ctx: KVCache | None, last: Tensor | None,
+                 canvas: Tensor, argmax: Tensor, pinned: Tensor, used: int, generator: torch.Generator, *,
+                 keep_context: bool, room: int, clause_ends: frozenset[int] | None = None,
+                 avoid: Sequence[tuple[int, ...]] = (), context: Sequence[int] = (), fim: FimTokens | None = None,
                  word_edges: WordEdges | None = None, prefix: PrefixCache | None = None,
-                 fim_order: Order = DEFAULT_FIM_ORDER, lines: LineTokens | None = None) -> None:
+                 fim_order: Order = DEFAULT_FIM_ORDER, lines: LineTokens | None = None,
+                 stop: Callable[[], bool] | None = None) -> None:
+        if (ctx is None) != (last is None) or (ctx is None and (prefix is None or not context)):
+            raise ValueError("a deferred plain context needs its tokens and a prefix cache, and no logits")
         self.model, self.cfg, self.ctx, self.last = model, cfg, ctx, last
+        # While the plain context is deferred: the history lengths at which each prefill the eager path would have
+        # run ends (the context, then each fed pinned run), replayed by `plain()`; empty once it is encoded.
+        self._deferred: list[int] = [] if ctx is not None else [len(context)]
+        self.stop = stop
+        self.context_cached: int | None = None  # a deferred context, once encoded: its tokens the cache restored
+        self.context_s = 0.0  # ...the seconds its prefill took
+        # ...and the pinned runs' encodes replayed after it: the engine adds them to the row's forwards itself, since
+        # they may run inside `take`, whose own encodes it does not count.
+        self.context_forwards = 0
         self.lines = lines  # what `SamplerConfig.ar_first_newline` False bans while a draft is blank
         self._breaks = sorted(lines.breaks) if lines is not None else []
         self.prefix = prefix  # the engine's context cache: fed pinned runs and FIM prompts start from it
@@ -220,7 +242,29 @@ class ARWalk:
 
     def source(self, row: int) -> KVCache:
         """The cache a new batch row starts from: the FIM prompt's in the FIM frame, else the plain context."""
-        return self.fim_cache if self.fim_cache is not None else self.ctx
+        return self.fim_cache if self.fim_cache is not None else self.plain()[0]
+
+    @property
+    def deferred(self) -> bool:
+        """Whether the plain context is still unencoded (nothing has read it yet)."""
+        return bool(self._deferred)
+
+    def plain(self) -> tuple[KVCache, Tensor]:
+        """The plain context's cache and the logits after it, encoded now if it was deferred (see the class).
+        Raises `PrefillCancelled` when `stop` says so between two pieces of the context."""
+        if self.ctx is None or self.last is None:
+            assert self.prefix is not None  # __init__ refuses a deferred context without one
+            ends, t0 = self._deferred, time.perf_counter()
+            pf = self.prefix.prefill(self.history[: ends[0]], self.room, stop=self.stop)
+            self.context_cached, self.context_s = pf.cached, time.perf_counter() - t0
+            ctx, last = pf.cache, pf.last
+            for a, b in itertools.pairwise(ends):  # each pinned run, as `_feed(lookup=True)` encoded it
+                pf = self.prefix.prefill(self.history[:b], max(0, ctx.capacity - b), base=(ctx, last))
+                ctx, last = pf.cache, pf.last
+                self.cached += max(0, pf.cached - a)
+                self.context_forwards += 1
+            self.ctx, self.last, self._deferred = ctx, last, []
+        return self.ctx, self.last
 
     @property
     def budget_left(self) -> int:
@@ -232,7 +276,8 @@ class ARWalk:
         if not (self.drafting and self.scored and self.lanes > 1):
             return self.scored_drafts
         n = min(self.n + 1, self.end - self.start)  # tokens sampled per lane (the next is sampled as the last is fed)
-        return Drafts(self.start, self.end, tuple(map(tuple, self.tokens[:, :n].tolist())), self.lead)
+        return Drafts(self.start, self.end, tuple(map(tuple, self.tokens[:, :n].tolist())), self.lead,
+                      logp=tuple(map(tuple, self.lp[:, :n].tolist())))
 
     def written(self) -> Tensor:
         """(L,) bool: the slots that hold a pin or a token the model wrote: every pin, every slot of a gap already
@@ -276,12 +321,17 @@ class ARWalk:
 
     def _feed(self, tokens: Tensor, *, lookup: bool = False) -> None:
         """Encode `tokens` after the context. `lookup` (a pinned run: text an earlier request may have fed too):
-        from the context cache as far as it holds `history + tokens`, when `ctx` holds exactly `history`."""
-        ctx = self.ctx
+        from the context cache as far as it holds `history + tokens`, when `ctx` holds exactly `history`. While the
+        plain context is deferred, a pinned run is deferred with it (`plain()` encodes both when read)."""
+        if lookup and self._deferred:
+            self.history.extend(tokens.tolist())
+            self._deferred.append(len(self.history))
+            return
+        ctx, last = self.plain()
         if lookup and self.prefix is not None and ctx.length == len(self.history) and not bool(ctx.pos_offset.any()):
             n = len(self.history)
             pf = self.prefix.prefill(self.history + tokens.tolist(), max(0, ctx.capacity - n - len(tokens)),
-                                     base=(ctx, self.last))
+                                     base=(ctx, last))
             self.ctx, self.last = pf.cache, pf.last
             self.cached += max(0, pf.cached - n)
         else:
@@ -302,8 +352,7 @@ class ARWalk:
         g = end - start
         long = scored and 0 < self.cfg.ar_long_gap < g  # a long infill drafts cooler (SamplerConfig.ar_long_gap)
         self.temperature = self.cfg.ar_temperature_long if long else self.cfg.ar_temperature
-        dev = self.last.device
-        first = self.last
+        dev = self.canvas.device
         # The writer's partial word, written again by the first lanes' tokens (`LeadTokens`): the first gap only.
         index = self.lines.lead if self.lines is not None else None
         lead = self.cfg.ar_lead if self.gaps_done == 0 and index is not None else ""
@@ -328,6 +377,8 @@ class ARWalk:
                 assert out is not None
                 first = out[0, -1]
             self.forwards += 1
+        else:  # drafted in the plain frame: from the logits after the context (encoded now if it was deferred)
+            first = self.plain()[1]
         self.tokens = torch.zeros(self.lanes, g, dtype=torch.long, device=dev)
         self.lp = torch.zeros(self.lanes, g, device=dev)  # log p(draft token) at temperature 1 (the drafting frame)
         self.done = torch.zeros(self.lanes, dtype=torch.bool, device=dev)  # a FIM lane wrote `<|fim_end|>`...
@@ -482,7 +533,7 @@ class ARWalk:
             return batch, rows, None
         K, g = self.lanes, self.end - self.start
         if self.shadow is None:
-            self.shadow, self.shadow_n = KVCache.aligned([(self.ctx, 0)] * K, g), 0
+            self.shadow, self.shadow_n = KVCache.aligned([(self.plain()[0], 0)] * K, g), 0
         new = self.tokens[:, self.shadow_n : self.n]  # (K, n - shadow_n), at least one at the gap's end
         out = None
         if new.shape[1]:

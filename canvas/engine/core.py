@@ -17,7 +17,10 @@ drafts, several users' fills) advances one token per step in ONE batched encoder
 it is filled by the draft and ending whose seam reads best. Rows stop individually; cancellation is
 honoured between steps, and between the pieces of a long context's encode. A request's context is restored from the
 engine's `PrefixCache` as far as an earlier context shares its tokens (the longest common prefix: an editor's
-next keystroke re-encodes only what it changed), shared by every route into the engine, bounded in bytes.
+next keystroke re-encodes only what it changed), shared by every route into the engine, bounded in bytes. An AR
+infill whose first gap drafts in the FIM frame defers its context (`lazy_context`): its drafts read only the FIM
+prompt, so the context is encoded (through the same cache) only when the seam's scoring reads it, and never when a
+client's deadline takes a draft first; meanwhile it reports as cached what the cache holds of it.
 
 Requests wait for a row in a `canvas.engine.scheduling.FairQueue`: one lane per `owner`, rows handed out round-robin
 across owners, and a cancelled request leaves the queue at once (its `Done` is sent by `cancel()` itself). `submit`
@@ -70,10 +73,11 @@ _BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 proba
 class _Row:
     """One running generation inside the engine."""
 
-    def __init__(self, handle: GenHandle, req: GenRequest, cache: KVCache, last_logits: Tensor, L: int,
-                 device: torch.device, noise: NoiseSource) -> None:
-        self.handle, self.req, self.cfg, self.cache = handle, req, req.config, cache
-        self.last_logits = last_logits  # (V,) AR next-token logits after the context
+    def __init__(self, handle: GenHandle, req: GenRequest, cache: KVCache | None, last_logits: Tensor | None, L: int,
+                 V: int, device: torch.device, noise: NoiseSource) -> None:
+        # cache None: a FIM infill whose context is encoded only when read (its AR walk does it, `Engine.lazy_context`)
+        self.handle, self.req, self.cfg, self.cache, self.V = handle, req, req.config, cache, V
+        self.last_logits = last_logits  # (V,) AR next-token logits after the context (None with the cache)
         n = len(req.slot_ids)
         self.used = n or L  # slots in use: always a prefix of the canvas
         self.valid = torch.arange(L, device=device) < self.used
@@ -87,7 +91,9 @@ class _Row:
         self.steps = self.forwards = self.generated = 0
         self.t0 = self.admitted = time.perf_counter()  # admitted: when it left the queue (the engine sets it)
         self.cached_tokens = 0  # context tokens whose encoder cache was reused (the engine sets it)
-        self.prompt_s = 0.0  # seconds spent encoding the context at admission (the engine sets it)
+        self.prompt_s = 0.0  # seconds spent encoding the context (the engine sets it)
+        self.encoded = 0  # context tokens encoded at admission (a deferred context: none)
+        self.deferred = cache is None  # until its walk has encoded the context and the row has taken its figures
         # Until its first frame (`LoadStats.add_first_frame`): its own slots per step (an AR row's lanes), summed,
         # and whether no other row ran beside it.
         self.slot_steps = 0
@@ -95,8 +101,7 @@ class _Row:
         self.new_canvas(L, device)
 
     def new_canvas(self, L: int, device: torch.device) -> None:
-        V = self.cache.config.vocab_size
-        noise = self.noise.uniform_tokens((1, L), V, device)[0]
+        noise = self.noise.uniform_tokens((1, L), self.V, device)[0]
         self.canvas = torch.where(self.pinned, self.pinned_ids, noise)
         self.argmax = self.canvas.clone()
         self.soft: Tensor | None = None  # (used, M) last step's soft embeddings, while self-conditioning is live
@@ -111,6 +116,11 @@ class _Row:
     @property
     def free(self) -> Tensor:
         return ~self.pinned & self.valid
+
+    def context(self) -> tuple[KVCache, Tensor]:
+        """The context's cache and the logits after it: every row but a deferred AR infill has them from admission."""
+        assert self.cache is not None and self.last_logits is not None
+        return self.cache, self.last_logits
 
     def null_banned(self) -> Tensor:
         """(L,) bool: free slots where `<null>` (a gap's unused slot) may not be sampled. After the last pin it has no
@@ -138,7 +148,7 @@ class Engine:
                  noise_factory: Callable[[SamplerConfig], NoiseSource] | None = None,
                  clause_ends: frozenset[int] | None = None, fim: FimTokens | None = None,
                  word_edges: WordEdges | None = None, fim_order: Order = DEFAULT_FIM_ORDER,
-                 lines: LineTokens | None = None, logit_shift: bool = False) -> None:
+                 lines: LineTokens | None = None, logit_shift: bool = False, lazy_context: bool = True) -> None:
         """`clause_ends`: token ids that end a clause or sentence (from the tokenizer: `canvas.engine.ar`'s drafts may
         end after them); None spaces an AR infill's candidate endings evenly instead. `fim`: the FIM ids when the
         model has the FIM format (`canvas.convert.fim.model_fim_tokens`): AR infills then prompt with it unless a
@@ -151,7 +161,11 @@ class Engine:
         a diffusion slot i reads hidden state i - 1, slot 0 the context's last position; AR rows are untouched.
         `context_cache_mb`: the bytes (MiB) the encoder caches of earlier
         contexts may hold (`canvas.engine.prefix_cache`; 0 keeps none); `context_cache`: one to share instead (an
-        engine's `twin` shares its own)."""
+        engine's `twin` shares its own). `lazy_context`: an AR infill whose first gap drafts in the FIM frame (its
+        drafts read only the FIM prompt) encodes its plain context only when something reads it (the seam's scoring,
+        an SMC resample; `canvas.engine.ar.ARWalk.plain`), not at admission: an editor whose deadline takes a draft
+        before the seam is scored never pays for it. The same tokens either way; False encodes every context at
+        admission."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model.eval()
@@ -180,6 +194,7 @@ class Engine:
         self.fim_order = fim_order
         self.lines = lines
         self.logit_shift = logit_shift
+        self.lazy_context = lazy_context
         self._ar = ARBatch(model)
 
     def twin(self, *, max_batch: int = 1, context_cache_mb: float | None = None) -> Engine:
@@ -191,7 +206,7 @@ class Engine:
         return Engine(self.model, max_batch=max_batch, context_cache_mb=context_cache_mb or 0,
                       context_cache=None if own else self.contexts, clause_ends=self.clause_ends, fim=self.fim,
                       word_edges=self.word_edges, fim_order=self.fim_order, lines=self.lines,
-                      logit_shift=self.logit_shift)
+                      logit_shift=self.logit_shift, lazy_context=self.lazy_context)
 
     # ---- public API ------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None, *, owner: Hashable = None,
@@ -338,7 +353,8 @@ class Engine:
             try:
                 cache, last, cached = self._context(req, handle)
                 prompt_s = time.perf_counter() - t0
-                row = _Row(handle, req, cache, last, self.L, self.model.device, self._noise_factory(req.config))
+                row = _Row(handle, req, cache, last, self.L, self.model.config.vocab_size, self.model.device,
+                           self._noise_factory(req.config))
             except PrefillCancelled:  # cancelled while its context was encoded (between two pieces)
                 self._release()
                 handle._emit(cancelled_done(handle))
@@ -348,6 +364,7 @@ class Engine:
                 handle._emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
                 continue
             row.admitted, row.cached_tokens, row.prompt_s = t0, cached, prompt_s
+            row.encoded = 0 if cache is None else len(req.context_ids) - cached
             self._rows.append(row)
 
     def _release(self, steps: int | None = None) -> None:
@@ -356,24 +373,42 @@ class Engine:
             if steps:
                 self.stats.gen_steps.append(steps)
 
-    def _context(self, req: GenRequest, handle: GenHandle) -> tuple[KVCache, Tensor, int]:
+    def _context(self, req: GenRequest, handle: GenHandle) -> tuple[KVCache | None, Tensor | None, int]:
         """Encoder cache for the request's context (private to its row: AR rows and continuations grow it), its
         next-token logits, and how many of its tokens came from the context cache (frames and `Done` report them
         as `cached_tokens`). The longest prefix an earlier context shares is restored and only the rest encoded
-        (`PrefixCache`); a request cancelled meanwhile stops between two pieces (`PrefillCancelled`)."""
+        (`PrefixCache`); a request cancelled meanwhile stops between two pieces (`PrefillCancelled`).
+        A deferred context (`_defers_context`) gets no cache here (None, None): its walk encodes it when read, and
+        until then it reports what the cache holds of it (`PrefixCache.held`: the tokens it will not encode)."""
+        if self._defers_context(req):
+            return None, None, self.contexts.held(req.context_ids)
         room = self.L * req.n_canvases if req.n_canvases > 1 or req.config.mode == "ar" else 0
         pf = self.contexts.prefill(req.context_ids, room, stop=lambda: handle.cancelled)
         return pf.cache, pf.last, pf.cached
 
+    def _defers_context(self, req: GenRequest) -> bool:
+        """Whether `req`'s context waits until read (`lazy_context`): one canvas in AR mode whose first gap has
+        pinned text after it and is drafted in the FIM frame, from a prompt built of token ids alone. Nothing else
+        reads the plain context before that gap's seam is scored."""
+        cfg = req.config
+        if not (self.lazy_context and cfg.mode == "ar" and req.n_canvases == 1 and cfg.seam_aware):
+            return False
+        if self.fim is None or cfg.fim is False:
+            return False
+        # the first run of free slots has a pin after it (`request_kind` "infill" asks this of any gap)
+        first_free = next((i for i, p in enumerate(req.pinned) if not p), None)
+        return first_free is not None and request_kind(req.pinned[first_free:]) == "infill"
+
     def _diffusion_step(self, rows: list[_Row]) -> None:
         model, L = self.model, self.L
-        key = tuple((id(r.cache), r.cache.length) for r in rows)
+        caches = [r.context()[0] for r in rows]
+        key = tuple((id(c), c.length) for c in caches)
         if len(rows) == 1:
-            cache = rows[0].cache
+            cache = caches[0]
         elif self._stacked is not None and self._stacked[0] == key:
             cache = self._stacked[1]
         else:
-            cache = KVCache.stack([r.cache for r in rows])
+            cache = KVCache.stack(caches)
             self._stacked = (key, cache)
         # The forward covers only the slots some row uses: unused slots are hidden from attention, so cutting them
         # off changes no used slot's logits, and an infill of a short window costs a short forward.
@@ -398,7 +433,7 @@ class Engine:
         pins = [r.pinned_pos if live_sc else r.pinned_pos[:0] for r in rows]
         at = torch.cat([torch.cat([r.free_pos, p]) + b * n for b, (r, p) in enumerate(zip(rows, pins, strict=True))])
         t0 = time.perf_counter()
-        last = torch.stack([r.last_logits for r in rows]) if self.logit_shift else None  # (B, V): slot 0's head
+        last = torch.stack([r.context()[1] for r in rows]) if self.logit_shift else None  # (B, V): slot 0's head
         logits = denoise_logits(model, canvas, cache, at=at, shift=self.logit_shift, last=last, soft=soft,
                                 mask=mask)  # (K, V)
         sizes = [(len(r.free_pos), len(p)) for r, p in zip(rows, pins, strict=True)]
@@ -453,7 +488,10 @@ class Engine:
             row.steps += 1
             row.step_in_canvas += 1
             if row in self._rows:
-                self._ar_advance(row)
+                try:
+                    self._ar_advance(row)
+                except PrefillCancelled:  # cancelled while its deferred context was encoded
+                    self._finish(row, "cancelled")
         drafting = [r for r in rows if r in self._rows and r.ar is not None and r.ar.drafting]
         if not drafting:
             self._ar.clear()
@@ -467,13 +505,17 @@ class Engine:
         off = 0
         for row, walk, out in zip(drafting, walks, logits, strict=True):
             k = walk.rows
-            walk.take(out, batch, torch.arange(off, off + k, device=out.device))
+            rows_k = torch.arange(off, off + k, device=out.device)
             off += k
             row.forwards += 1
-            if walk.drafting:
-                self._ar_frame(row)
-            else:
-                self._ar_advance(row, stepped=True)
+            try:
+                walk.take(out, batch, rows_k)  # the gap's end reads the plain context: a deferred one is encoded now
+                if walk.drafting:
+                    self._ar_frame(row)
+                else:
+                    self._ar_advance(row, stepped=True)
+            except PrefillCancelled:
+                self._finish(row, "cancelled")
 
     def _ar_advance(self, row: _Row, stepped: bool = False) -> None:
         """Start `row`'s walk if needed and walk it to its next gap; commit its canvas when the walk is over.
@@ -485,7 +527,8 @@ class Engine:
                             row.used, gen, keep_context=row.req.n_canvases > 1, room=self.L * row.req.n_canvases,
                             clause_ends=self.clause_ends, avoid=row.req.avoid, context=row.req.context_ids,
                             fim=self.fim if row.cfg.fim is not False else None, word_edges=self.word_edges,
-                            prefix=self.contexts, fim_order=self.fim_order, lines=self.lines)
+                            prefix=self.contexts, fim_order=self.fim_order, lines=self.lines,
+                            stop=lambda: row.handle.cancelled)
         walk = row.ar
         before = walk.forwards
         if not walk.drafting:
@@ -500,7 +543,18 @@ class Engine:
         elif stepped:
             self._ar_frame(row)
 
+    def _context_read(self, row: _Row) -> None:
+        """A deferred context its walk has encoded since: what it took replaces the admission's lookup in what
+        frames and `Done` report (`cached_tokens`: the tokens the cache restored; `prompt_s` gains the encode)."""
+        walk = row.ar
+        if row.deferred and walk is not None and walk.context_cached is not None:
+            row.deferred = False
+            row.cached_tokens = walk.context_cached
+            row.prompt_s += walk.context_s
+            row.forwards += walk.context_forwards  # the pinned runs fed after it, as an eager walk counts them
+
     def _ar_frame(self, row: _Row, last: bool = False) -> None:
+        self._context_read(row)
         if not (last or row.step_in_canvas % row.req.stream_every == 0):
             return
         accepted = torch.zeros(self.L, dtype=torch.bool)
@@ -534,7 +588,8 @@ class Engine:
             model = self.model
             t0 = time.perf_counter()
             # A shifted head reads the next canvas's slot 0 from the logits after this one.
-            out, _ = model.encode(row.argmax[None], cache=row.cache, logits="last" if self.logit_shift else "none")
+            out, _ = model.encode(row.argmax[None], cache=row.context()[0],
+                                  logits="last" if self.logit_shift else "none")
             if out is not None:
                 row.last_logits = out[0, -1]
             self.forward_s += time.perf_counter() - t0
@@ -548,7 +603,7 @@ class Engine:
     def _first_frame(self, row: _Row) -> None:
         if row.handle.frames == 0:
             took = time.perf_counter() - row.admitted
-            size = len(row.req.context_ids) - row.cached_tokens + row.slot_steps  # tokens run for it, as if alone
+            size = row.encoded + row.slot_steps  # tokens run for it, as if alone
             with self._lock:  # first frames alone are the baseline `RowCap` compares with
                 self.stats.add_first_frame(took, size, alone=row.alone)
 
@@ -557,6 +612,7 @@ class Engine:
             self._rows.remove(row)
             self._release(row.steps)
         self._stacked = None
+        self._context_read(row)
         mode: Writer = row.cfg.mode if not row.seam_filled else "ar-infill"
         row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
                               time.perf_counter() - row.t0, error, mode=mode, cached_tokens=row.cached_tokens,

@@ -3,7 +3,9 @@
 Owns `PrefixCache`: every context the engine encodes (a request's context, an AR walk's fed pinned runs, a FIM
 prompt) is looked up by its token ids; the longest prefix some earlier prefill shares with it is restored from the
 cache (its keys and values copied into a new, private `KVCache`) and only the rest is encoded. An editor that sends
-its whole context on every keystroke then pays for the few tokens the keystroke changed.
+its whole context on every keystroke then pays for the few tokens the keystroke changed. A context the engine defers
+(a FIM infill's, encoded only when read) goes through `prefill` when it is, as any other; until then `held` says how
+much of it the cache holds, without a copy.
 
 Storage: a trie of blocks. A block holds the keys and values of `block` consecutive positions [i*block, (i+1)*block)
 of every layer, keyed by (its parent block, its token ids), so a block stands for one whole prefix and is stored
@@ -127,6 +129,20 @@ class PrefixCache:
             self._blocks.clear()
             self._root_children.clear()
             self._bytes = 0
+
+    def held(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` a `prefill` of them would restore now instead of encoding (no copy, no
+        encode; the matched blocks count as used, as a prefill's would). For a context that is encoded only if
+        something reads it (`canvas.engine.ar`'s lazy plain context): what the cache holds of it."""
+        toks = tuple(int(t) for t in tokens)
+        if not toks:
+            return 0
+        with self._lock:
+            path, m = self._match(toks)
+        b = path[-1][0] if path else None
+        if m == len(toks) and b is not None and path[-1][1] == len(b.tokens) and b.last is not None:
+            return m
+        return min(m, len(toks) - 1)
 
     @torch.no_grad()
     def prefill(self, tokens: Sequence[int], room: int = 0, *, base: tuple[KVCache, Tensor] | None = None,

@@ -68,6 +68,9 @@ class Drafts:
     lead: int  # the draft the frame's canvas shows while they grow: the likeliest so far
     chosen: int | None = None  # once scored: the draft written into the gap...
     length: int = 0  # ...and how many of its tokens were kept (the rest of the gap became <null>)
+    # (K, n) each draft token's log-probability in the drafting frame (temperature 1, before bans), for a client's
+    # own choice among the drafts (`canvas.server.http.endings.early_end`); None where not recorded.
+    logp: tuple[tuple[float, ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +88,11 @@ class Frame:
     # count); a False slot still holds the canvas's initial noise and is no text. None: a diffusion row, whose every
     # slot shows its current sample.
     written: tuple[bool, ...] | None = None
-    cached_tokens: int = 0  # context tokens whose encoder cache the engine reused for this request
-    prompt_s: float = 0.0  # seconds the engine spent encoding the request's context when it admitted it
+    # Context tokens whose encoder cache the engine reused for this request; for a context deferred until read (a
+    # FIM infill, `Engine(lazy_context=True)`) and not read yet, the tokens the cache holds of it (not to encode).
+    cached_tokens: int = 0
+    # Seconds the engine spent encoding the request's context: at admission, or, deferred, when it was first read.
+    prompt_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ sent at the same half-typed lines; for each shape:
   same place, exp(sum NLL / sum tokens) of each (a causal judge: the text after a span never changes its NLLs);
 - length ratio: the median over requests of suggestion characters / human characters;
 - empty share: suggestions that are only whitespace, among the answered requests (errors are counted apart);
+- one-word share: suggestions of one word or less that are not empty ("a", "be.", "can"), beside the human text's:
+  a reader takes them for no suggestion at all where the line goes on, and no metric above sees them;
 - seconds: median and 95th percentile (nearest rank) of each request's wall time.
 The human text is the rest of the line (the whole line for `llama-vim-inst`, whose answer replaces it).
 """
@@ -53,6 +55,11 @@ def echo(suggestion: str, after: str) -> tuple[int, int]:
 def noise(nlls: Sequence[float], bound: float = NOISE_NATS) -> tuple[int, int]:
     """(tokens whose NLL is above `bound`, tokens)."""
     return sum(v > bound for v in nlls), len(nlls)
+
+
+def one_word(text: str) -> bool:
+    """A suggestion with text but at most one word (`\\w+`): "a", "be.", "API"; ")" too."""
+    return bool(text.strip()) and len(_WORDS.findall(text)) <= 1
 
 
 def first_line(text: str) -> str:
@@ -136,6 +143,8 @@ def pool_shape(records: Sequence[ShapeRecord]) -> dict[str, Any]:
         "server": records[0].server, "shape": records[0].shape, "requests": len(records),
         "errors": len(records) - len(ok), "error_examples": sorted({r.error for r in records if r.error})[:3],
         "empty_share": sum(not r.text.strip() for r in ok) / len(ok) if ok else math.nan,
+        "one_word_share": sum(map(one_word, (r.text for r in ok))) / len(ok) if ok else math.nan,
+        "one_word_share_human": sum(map(one_word, (r.human for r in ok))) / len(ok) if ok else math.nan,
         "noise_share": share([r.model.noise for r in ok if r.model]),
         "noise_share_human": share([r.human_scored.noise for r in ok]),
         "echo_share": share([r.echo for r in ok]), "echo_share_human": share([r.human_echo for r in ok]),

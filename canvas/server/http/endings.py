@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from canvas.engine.core import Frame
@@ -195,12 +195,35 @@ _LAST_WORD = re.compile(r"\w+\Z")
 _HANGING = " \t,;:-([{\"'\u201c\u2018"  # what a text cut by time may trail that leaves it hanging
 
 
+_SENTENCE_END = re.compile(r"[.!?][\"')\]\u201d\u2019]*(?=\s)")  # a sentence's end with more text after it
+_FINISHED = re.compile(r"[.!?][\"')\]\u201d\u2019]*\Z")  # a text that ends where a sentence does
+
+
+def _open_bracket(text: str) -> int:
+    """Where the first bracket of `text` that is never closed opens; -1 when every one closes."""
+    stack: list[int] = []
+    for i, ch in enumerate(text):
+        if ch in _OPEN:
+            stack.append(i)
+        elif ch in _CLOSE and stack and text[stack[-1]] == _CLOSE[ch]:
+            stack.pop()
+    return stack[0] if stack else -1
+
+
 def trim_tail(text: str) -> str:
-    """A text a time limit ended, less the words it cannot end on: trailing closed-class words and the separators
-    that leave it hanging (spaces, commas, opening brackets and quotes) go, one after another; "" when nothing else
-    is left. A text ending with a full stop, a closing bracket or a content word keeps all of it but such
-    separators."""
-    out = text
+    """A text a time limit ended, less what it cannot end on: a sentence it had begun after a finished one ("... 72
+    votes. He" -> "... 72 votes."), what follows a bracket it never closed ("1.5.0 (2019-06-28" -> "1.5.0"), then
+    trailing closed-class words and the separators that leave it hanging (spaces, commas, opening brackets and
+    quotes), one after another; "" when nothing else is left. A text ending with a full stop, a closing bracket or a
+    content word keeps all of it but such separators."""
+    out = text.rstrip()
+    if not _FINISHED.search(out):  # not at a sentence's end: an unfinished sentence after a finished one goes
+        ends = list(_SENTENCE_END.finditer(out))
+        out = out[: ends[-1].end()] if ends else out
+    if (at := _open_bracket(out)) >= 0:
+        out = out[:at]
+    if _FINISHED.search(out):
+        return out
     while True:
         core = out.rstrip(_HANGING)
         found = _LAST_WORD.search(core)
@@ -209,14 +232,74 @@ def trim_tail(text: str) -> str:
         out = core[: found.start()]
 
 
-def copies_after(text: str, after: str, *, lines: int = 8, min_chars: int = 12) -> bool:
+def copies_after(text: str, after: str, *, lines: int = 64, min_chars: int = 12) -> bool:
     """Whether the suggestion `text` is, line for line, a copy of text in the first `lines` lines of `after` (each
-    of its non-blank lines, stripped, at least `min_chars` long in all, found inside one of those lines)."""
+    of its non-blank lines, stripped, at least `min_chars` long in all, found inside one of those lines). 64 lines:
+    llama.vim's `n_suffix`, all the suffix it sends; a copy of a line further down is a copy all the same."""
     mine = [ln.strip() for ln in text.split("\n") if ln.strip()]
     if not mine or sum(map(len, mine)) < min_chars:
         return False
     theirs = [ln.strip() for ln in after.split("\n")[: lines + 1] if ln.strip()]
     return all(any(m in t for t in theirs) for m in mine)
+
+
+_WORDS = re.compile(r"\w+")
+# A suggestion whose word 4-grams are at least this share (and two or more) of text after the cursor repeats it:
+# `dcanvas eval --task clients` counts the same 4-grams as echo (human text: about 4% pooled).
+ECHO_SHARE = 0.3
+
+
+def _grams(text: str) -> list[tuple[str, ...]]:
+    words = [w.lower() for w in _WORDS.findall(text)]
+    return [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+
+
+def repeats_before(text: str, before: str, *, lines: int = 3, min_chars: int = 8) -> bool:
+    """Whether the suggestion's first line (stripped, `min_chars` long) is already written in the last `lines` lines
+    before the cursor: three words or more found there in a row, whatever the punctuation ("What is your age\nI am
+    still young " -> "I am still young."), or two found as they are ("class shlex:\n    \"A lexical analyzer class "
+    -> "class shlex"). Accepted, it would say again what was just said."""
+    first = text.strip().split("\n", 1)[0].strip()
+    words = [w.lower() for w in _WORDS.findall(first)]
+    if len(first) < min_chars or len(words) < 2:
+        return False
+    near = "\n".join(before.rsplit("\n", lines)[-lines:])
+    if first in near:
+        return True
+    theirs = [w.lower() for w in _WORDS.findall(near)]
+    n = len(words)
+    return n >= 3 and any(theirs[i : i + n] == words for i in range(len(theirs) - n + 1))
+
+
+def echoes(text: str, before: str, after: str) -> bool:
+    """Whether the suggestion `text` repeats its surroundings rather than adding to them: a copy of lines that
+    follow (`copies_after`), `ECHO_SHARE` of its word 4-grams (two or more) found after the cursor, or its first line
+    a copy of what was just written before it (`repeats_before`)."""
+    if copies_after(text, after) or repeats_before(text, before):
+        return True
+    grams = _grams(text)
+    if len(grams) < 2:
+        return False
+    seen = set(_grams(after))
+    hits = sum(g in seen for g in grams)
+    return hits >= 2 and hits >= ECHO_SHARE * len(grams)
+
+
+# Personal pronouns: closed-class too, but a phrase may end on one ("I love you"), so `trim_tail` keeps them.
+_PRONOUNS = frozenset("i you he she it we they me him us them".split())
+
+
+def function_words_only(text: str) -> bool:
+    """Whether `text` has words and every one is closed-class (`_CLOSED_CLASS` or a personal pronoun: "a", "be.",
+    "can", "of the", "you"): such an answer says nothing a reader could take, whatever ended it."""
+    words = _WORDS.findall(text)
+    return bool(words) and all(w.lower() in _CLOSED_CLASS or w.lower() in _PRONOUNS for w in words)
+
+
+def sensible(text: str, before: str, after: str) -> bool:
+    """Whether a suggestion is worth showing: blank, function words only (`function_words_only`) or an echo
+    (`echoes`) is not."""
+    return bool(text.strip()) and not function_words_only(text) and not echoes(text, before, after)
 
 
 def typed_lead(before: str) -> str:
@@ -294,42 +377,89 @@ def _lane_end(task: TextTask, text: str, ended: bool) -> str | None:
     return text if at is None else text[:at]
 
 
+@dataclass(frozen=True, slots=True)
+class LaneEnd:
+    """One draft as it ends: its `text` (the lead included), its `tokens` (up to its `<|fim_end|>` when `natural`),
+    `score` (the mean log-probability of the tokens that wrote the text and its end, the newline or `<|fim_end|>`
+    included: the drafting frame's, conditioned on both sides; 0 where the frame has none) and `whole`: worth
+    showing (`sensible`, with the lead taken off)."""
+
+    text: str
+    tokens: tuple[int, ...]
+    natural: bool
+    score: float
+    whole: bool
+
+
+def _score(logp: Sequence[float] | None, pieces: Sequence[str], text: str, natural: bool) -> float:
+    """The mean log-probability of the tokens up to the one that ends `text` (the token holding its next character,
+    or the `<|fim_end|>` after a natural end)."""
+    if not logp:
+        return 0.0
+    used, n = 0, len(pieces)
+    for i, piece in enumerate(pieces):
+        used += len(piece)
+        if used > len(text):
+            n = i + 1
+            break
+    else:
+        n = len(pieces) + natural  # the text is every piece: its end is the next token (`<|fim_end|>`)
+    n = max(1, min(n, len(logp)))
+    return sum(logp[:n]) / n
+
+
+def choose(ends: Sequence[LaneEnd], lead: int) -> int:
+    """The draft to take: the best-scored whole ending (`LaneEnd.whole`; ties: the one most drafts share, then the
+    leading draft's); where none is whole, the ending most drafts share (ties: the leading draft's, else the first),
+    which the answer's own checks then drop. A vote among all endings favours short ones that drafts share by
+    chance ("a", "be."): it only decides among endings that say nothing anyway."""
+    counts = Counter(e.text for e in ends)
+    whole = [i for i, e in enumerate(ends) if e.whole]
+    if whole:
+        return max(whole, key=lambda i: (ends[i].score, counts[ends[i].text], i == lead))
+    top = max(counts.values())
+    return next(i for i in (lead, *range(len(ends))) if i < len(ends) and counts[ends[i].text] == top)
+
+
 def early_end(reader: TextReader, task: TextTask, frame: Frame, lead: TextReader, *, fim_end: int | None,
               null_id: int | None, token_text: Callable[[int], str]) -> EarlyEnd | None:
     """What to commit when every draft of the AR canvas `frame` shows has reached where its text ends, else None.
     `reader`: the choice's reader (the frame's canvas is its next); `lead`: its probe of the frame's canvas as drawn
     (the leading draft). A frame without side-by-side drafts ends when the leading draft's written text has reached
     a cut rule or a stop string. With drafts, each draft ends at a cut rule, a stop string or its `<|fim_end|>`
-    (`fim_end`; the rest of its gap becomes `<null>`, `null_id`); the one taken is the ending most drafts share (ties:
-    the leading draft's, else the first), and it ends the choice only if its exact reading ends there too."""
+    (`fim_end`; the rest of its gap becomes `<null>`, `null_id`); the one taken is `choose`'s (the best-scored whole
+    ending), and it ends the choice only if its exact reading ends there too."""
     if frame.written is None or (task.cut is None and not task.stop):
         return None  # a diffusion row's slots are not final; without a rule nothing ends a draft early
     drafts = frame.drafts
     if drafts is None or drafts.chosen is not None:
         return (list(frame.draft), frame.written, True) if lead.reason in ("rule", "word") else None
-    endings: list[tuple[str, tuple[int, ...], bool]] = []
+    typed = task.config.ar_lead
+    after = task.suffix or ""
+    lanes: list[tuple[str, tuple[int, ...], list[str], bool]] = []
     for tokens in drafts.tokens:
         cut = tokens.index(fim_end) if fim_end is not None and fim_end in tokens else None
         own = tokens if cut is None else tokens[:cut]
-        text = _lane_end(task, "".join(token_text(t) for t in own), cut is not None)
+        pieces = [token_text(t) for t in own]
+        text = _lane_end(task, "".join(pieces), cut is not None)
         if text is None:
             return None  # this draft goes on
-        endings.append((text, own, cut is not None))
-    counts = Counter(text for text, _, _ in endings)
-    top = max(counts.values())
-    order = [drafts.lead, *range(len(endings))]
-    k = next(i for i in order if i < len(endings) and counts[endings[i][0]] == top)
-    _, own, natural = endings[k]
+        lanes.append((text, tuple(own), pieces, cut is not None))
+    ends = [LaneEnd(text, own, natural, _score(drafts.logp[k] if drafts.logp else None, pieces, text, natural),
+                    sensible(drop_lead(text, typed) if typed else text, task.prompt, after))
+            for k, (text, own, pieces, natural) in enumerate(lanes)]
+    taken = ends[choose(ends, drafts.lead)]
+    chosen, natural = list(taken.tokens), taken.natural
     if natural and null_id is None:
         return None
     canvas = list(frame.draft)
     written = list(frame.written)
-    canvas[drafts.start : drafts.start + len(own)] = own
+    canvas[drafts.start : drafts.start + len(chosen)] = chosen
     if natural:  # the rest of the gap is null, as the engine leaves a draft that ended: the model ended the text
-        canvas[drafts.start + len(own) : drafts.end] = [null_id or 0] * (drafts.end - drafts.start - len(own))
+        canvas[drafts.start + len(chosen) : drafts.end] = [null_id or 0] * (drafts.end - drafts.start - len(chosen))
         written[drafts.start : drafts.end] = [True] * (drafts.end - drafts.start)
     else:  # the draft goes on past its end: only its tokens so far are written
-        written[drafts.start : drafts.end] = [i < len(own) for i in range(drafts.end - drafts.start)]
+        written[drafts.start : drafts.end] = [i < len(chosen) for i in range(drafts.end - drafts.start)]
     settled = not natural
     probe = reader.probe(canvas, written, settled=settled)
     return (canvas, tuple(written), settled) if probe.reason in _ENDED else None

@@ -93,11 +93,12 @@ def llama_budget(n_predict: int, *, infill: bool, canvas_length: int, max_canvas
 
 
 class Deadline:
-    """`t_max_predict_ms`: once it has passed since a choice's first draft, the first draft whose text holds a newline
-    (or has ended at a cut rule: a single-line suggestion's newline is cut) ends that choice (llama.cpp stops there
-    only after a new line too), with the text the model has written so far:
-    a draft shows only written slots (an AR row's others still hold noise), and `TextRun.settle` takes them, cut back
-    to a word boundary where the text goes on. It ends as llama.cpp's "limit", OpenAI's "length". Feed it every
+    """`t_max_predict_ms`: once it has passed since a choice's first draft (its prompt is encoded by then), the next
+    draft ends that choice, with the text the model has written so far: a draft shows only written slots (an AR
+    row's others still hold noise), and `TextRun.settle` takes them, cut back to a word boundary where the text goes
+    on. llama.cpp stops only at a draft with a newline once time is up, and runs on to `n_predict` without one; here
+    a single-line suggestion never holds one (its newline is cut), so waiting for it would run to the token budget,
+    seconds past the limit an editor asked for. It ends as llama.cpp's "limit", OpenAI's "length". Feed it every
     event of the run. `fired`: the choices it ended (their text ends where time ran out, not where the model chose:
     `endings.trim_tail` tidies it)."""
 
@@ -111,6 +112,6 @@ class Deadline:
             return
         now = time.monotonic()
         first = self.first.setdefault(ev.index, now)
-        if now - first >= self.limit_s and ("\n" in ev.text or ev.ended):
+        if now - first >= self.limit_s:
             self.fired.add(ev.index)
             self.run.settle(ev.index)

@@ -10,7 +10,7 @@ Like llama.cpp, unknown fields are ignored, and so are the sampler chain's knobs
 `top_p` and `min_p` cut the tail of AR mode's next-token distribution) and the slot and cache hints; a field that could
 not be ignored without changing what the client gets (`grammar`, `json_schema`, `n_probs`, `logit_bias`, `lora`, ...) is
 refused with a 400. Supported: `n_indent` (the text ends at the first later line indented less), `t_max_predict_ms`
-(after that long, the first draft whose written text holds a newline ends it: `llama_fields.Deadline`), `stop`, `seed`,
+(after that long, the next draft ends it: `llama_fields.Deadline`), `stop`, `seed`,
 `temperature`, `stream` and `response_fields` (paths such as `timings/prompt_n` become top-level keys, as llama.vim
 reads them), and our extension `dcanvas: {mode}` (left out: the model's default mode for an infill). Responses are
 compact JSON: llama.vim matches `"content":"` literally. The budget, seed, time limit and refused fields are shared with
@@ -24,8 +24,9 @@ is at the start of a line with text after it (`SamplerConfig.ar_first_newline`).
 draft has reached its end (`endings.early_end`), so such a suggestion costs its line. In AR mode the cursor line's
 partial word (or the space typed after its last word) is token-healed by constraint (`endings.typed_lead`): the
 prompt ends before it, the drafts write it again first, and `content` is what follows it. A whole (not streamed)
-answer that a time limit ended loses the words it cannot end on (`endings.trim_tail`), and one that copies a line
-that follows is dropped (`endings.copies_after`); a stream has sent its text by then and keeps it.
+answer that a time limit ended loses the words it cannot end on (`endings.trim_tail`), and one that says nothing
+(function words only) or echoes its surroundings (a copy of lines that follow, or of what was just written before
+the cursor) is dropped (`endings.sensible`); a stream has sent its text by then and keeps it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from canvas.sampling.sampler import Mode
 from canvas.server.http.core import ClientGone, HttpApi, Refusal, sse
-from canvas.server.http.endings import LeadCut, copies_after, drop_lead, suggestion_endings, trim_tail
+from canvas.server.http.endings import LeadCut, drop_lead, sensible, suggestion_endings, trim_tail
 from canvas.server.http.endings import indent_rule as indent_rule  # where it was: the OpenAI routes import it here
 from canvas.server.http.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
 from canvas.server.http.textgen import Plan, TextTask, plan, sampler_config
@@ -160,12 +161,13 @@ def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish
             timed_out: bool = False) -> dict[str, Any]:
     """The final object: llama.cpp's completion result (content, stop_type, timings, ...); `content` is the text
     after `lead` (`endings.drop_lead`), less the words a text ended by the time limit (`timed_out`) cannot end on
-    (`endings.trim_tail`), and nothing where it copies a line that follows (`endings.copies_after`)."""
+    (`endings.trim_tail`), and nothing where it is not worth showing (`endings.sensible`: function words only, a
+    copy of lines that follow or of what was just written before the cursor)."""
     content = drop_lead(f.text, lead)
     if timed_out and f.reason != "eos":
         content = trim_tail(content)
-    if copies_after(content, req.input_suffix):
-        content = ""  # a copy of a line that follows: accepted, it would be written twice
+    if not sensible(content, req.input_prefix + req.prompt, req.input_suffix):
+        content = ""  # function words only, or an echo: accepted, it would say nothing or say something twice
     cfg = task.config
     settings = {"n_predict": task.max_tokens, "temperature": cfg.t_max, "seed": task.seed if task.seed is not None
                 else -1, "stop": list(task.stop), "n_indent": req.n_indent, "t_max_predict_ms": req.t_max_predict_ms,

@@ -4,6 +4,7 @@ several gaps, cancellation and frames (the tiny random model; a scripted scorer 
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 
 import pytest
@@ -292,6 +293,9 @@ def test_frames_carry_every_draft_side_by_side_then_the_one_chosen(model: Diffus
         assert d is not None and (d.start, d.end, d.chosen) == (2, 2 + gap, None)
         assert len(d.tokens) == K and all(len(t) == n for t in d.tokens)
         assert f.draft[2 : 2 + n] == d.tokens[d.lead]
+        # each token's log-probability travels beside it, for a client's own choice among the drafts
+        assert d.logp is not None and [len(lp) for lp in d.logp] == [n] * K
+        assert all(v <= 0 and math.isfinite(v) for lp in d.logp for v in lp)
     for before, after in zip(growing, growing[1:], strict=False):  # drafts only grow: earlier tokens stay
         assert before.drafts is not None and after.drafts is not None
         assert all(a[: len(b)] == b for a, b in zip(after.drafts.tokens, before.drafts.tokens, strict=True))

@@ -200,19 +200,19 @@ def test_smc_settings_are_checked() -> None:
 
 
 def lanes_ending_in_turn(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A model whose first batch row wants `<|fim_end|>` at every drafting step (an encode of (B, 1) tokens): once
-    `ar_min_fill` allows it, one lane ends a step, the one in the first row. Returns each step's batch rows."""
-    real = DiffusionModel.encode
+    """A model whose first batch row wants `<|fim_end|>` at every drafting step (`ARBatch.step`, one walk): once
+    `ar_min_fill` allows it, one lane ends a step, the one in the first row. Returns each step's batch rows. (A
+    prefill of one token, such as a context whose BOS the FIM prompt's cached blocks hold, is no drafting step.)"""
+    real = engine_ar.ARBatch.step
     rows: list[int] = []
 
-    def first_row_ends(self: DiffusionModel, ids: torch.Tensor, *a: object, **kw: object) -> object:
-        logits, cache = real(self, ids, *a, **kw)  # type: ignore[arg-type]
-        if ids.shape[1] == 1 and logits is not None:
-            rows.append(ids.shape[0])
-            logits[0, :, FIM.end] += 100.0
-        return logits, cache
+    def first_row_ends(self: engine_ar.ARBatch, walks: list[engine_ar.ARWalk]) -> list[torch.Tensor]:
+        out = real(self, walks)
+        rows.append(sum(len(o) for o in out))
+        out[0][0, FIM.end] += 100.0
+        return out
 
-    monkeypatch.setattr(DiffusionModel, "encode", first_row_ends)
+    monkeypatch.setattr(engine_ar.ARBatch, "step", first_row_ends)
     return rows
 
 

@@ -41,6 +41,7 @@ from canvas.eval.clients import (
     length_ratio,
     median,
     noise,
+    one_word,
     percentile,
     run_clients,
     score_in_place,
@@ -87,6 +88,11 @@ def test_echo_counts_word_4grams_found_after() -> None:
     assert echo("a dog sat on the rug", after) == (0, 3)
     assert echo("the cat sat on a rug", after) == (1, 3)
     assert echo("too short", after) == (0, 0)
+
+
+def test_one_word_suggestions_are_told_apart() -> None:
+    assert one_word("a") and one_word(" be.") and one_word("API") and one_word(")")
+    assert not one_word("") and not one_word("  ") and not one_word("the end.") and not one_word("foo(bar)")
 
 
 def test_noise_share_and_pooling() -> None:
@@ -241,6 +247,7 @@ def test_metrics_tell_noise_echo_and_human_apart(fake_servers: dict[str, str]) -
         assert r["noise_share"] == r["noise_share_human"] == 0.0
         assert r["first_line_ratio"] == pytest.approx(1.0) and r["length_ratio_median"] == pytest.approx(1.0)
         assert r["echo_share"] == r["echo_share_human"]
+        assert r["one_word_share"] == r["one_word_share_human"]
         assert r["seconds_median"] > 0 and r["seconds_p95"] >= r["seconds_median"]
     peer = human[("peer", "llama-vim-250")]
     assert peer["noise_share"] == 1.0 and peer["first_line_ratio"] > 100  # the noise server, beside

@@ -5,7 +5,7 @@ request here runs in AR mode on the tiny random model, its engine's `submit` rec
 checked against the engine's own frames: every text (a result, a streamed delta, a draft) must be a prefix, cut at
 a token boundary, of what the model had written by some frame of that generation (`Frame.written`), and a text cut
 where it goes on must end at a word boundary. The model's newline logit is raised (about one token in five is a
-newline) so that llama.cpp's `t_max_predict_ms`, which ends a text at its first newline after the time limit, fires.
+newline) so that drafts hold line ends when `t_max_predict_ms` (the first draft after the limit) ends them.
 Paths: the time limit (/infill, /v1/completions, chat; streamed and not), the token budget, a stop sequence, a client
 that goes away mid-stream, a closed run, and the websocket's `gen.progress` slots.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,8 +164,14 @@ def sse(text: str) -> list[dict[str, Any]]:
     return [json.loads(b.removeprefix("data: ")) for b in text.split("\n\n") if b.startswith("data: {")]
 
 
-def finished(gens: list[Gen]) -> list[Done]:
-    return [e for g in gens for e in g.events if isinstance(e, Done)]
+def finished(gens: list[Gen], wait_s: float = 10.0) -> list[Done]:
+    """The generations' `Done`s, waiting up to `wait_s` for one (a cancelled row's comes from the engine's thread)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = [e for g in gens for e in g.events if isinstance(e, Done)]
+        if out or time.monotonic() >= deadline:
+            return out
+        time.sleep(0.01)
 
 
 # -- llama.cpp's /infill, as llama.vim sends it --------------------------------------------------------------------
@@ -173,7 +180,7 @@ def finished(gens: list[Gen]) -> list[Done]:
 def test_infill_time_limit_returns_only_what_was_written(client: TestClient, backend: Backend,
                                                          gens: list[Gen]) -> None:
     """llama.vim's FIM request (t_max_predict_ms 1000, 250 on follow-ups: here 1 ms): the suggestion ends at the
-    first newline the model writes after the limit, with what it had written, never the noise after it."""
+    first draft after the limit, with what the model had written, never the noise after it."""
     ended = []
     for seed in range(4):
         gens.clear()

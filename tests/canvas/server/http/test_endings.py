@@ -22,14 +22,22 @@ from canvas.sampling.modes import ModeDefaults
 from canvas.sampling.sampler import SamplerConfig
 from canvas.server.http.endings import (
     CursorLine,
+    LaneEnd,
     LeadCut,
+    _score,
+    choose,
     combine,
     copies_after,
     drop_lead,
+    early_end,
+    echoes,
+    function_words_only,
     indent_rule,
     join_at,
     line_rule,
     repeat,
+    repeats_before,
+    sensible,
     suggestion_endings,
     trim_tail,
     typed_lead,
@@ -132,6 +140,10 @@ def test_a_text_cut_by_time_ends_on_a_word_it_can_end_on() -> None:
     assert trim_tail(" in the car, ") == " in the car"
     assert trim_tail(" the police said.") == " the police said." and trim_tail(" f(x)") == " f(x)"
     assert trim_tail(" I love you") == " I love you" and trim_tail("") == ""
+    assert trim_tail(" so they were all the same. He") == " so they were all the same."  # a sentence begun: goes
+    assert trim_tail('I said "yes." Then') == 'I said "yes."' and trim_tail(' end."') == ' end."'
+    assert trim_tail(" and to the 1.5.0 (2019-06-28") == " and to the 1.5.0"  # a bracket never closed
+    assert trim_tail(" for (const def in line") == "" and trim_tail(" f(a, g(b)") == " f"
 
 
 def test_a_copy_of_a_line_that_follows_is_known() -> None:
@@ -142,20 +154,73 @@ def test_a_copy_of_a_line_that_follows_is_known() -> None:
     assert not copies_after(" I am still young.\nMore", after)  # every line must be a copy
 
 
-def test_the_deadline_says_which_choices_it_ended() -> None:
+def test_the_deadline_ends_a_choice_at_its_first_draft_past_the_limit() -> None:
     settled: list[int] = []
 
     class Run:
         def settle(self, index: int) -> None:
             settled.append(index)
 
-    deadline = Deadline(Run(), 1)  # type: ignore[arg-type]
+    deadline = Deadline(Run(), 50)  # type: ignore[arg-type]
     deadline(Draft(0, " a line", 1, 8, 0))  # the clock starts at a choice's first draft
-    time.sleep(0.01)
-    deadline(Draft(0, " a line", 2, 8, 0))  # time is up, but the line has not ended
-    assert not deadline.fired
-    deadline(Draft(0, " a line.", 3, 8, 0, ended=True))
+    deadline(Draft(1, " b", 1, 8, 0))
+    deadline(Draft(0, " a line", 2, 8, 0))  # within the limit
+    assert not deadline.fired and not settled
+    time.sleep(0.06)
+    deadline(Draft(0, " a line", 3, 8, 0))  # time is up: no newline is waited for (a single line never has one)
     assert deadline.fired == {0} and settled == [0]
+    Deadline(Run(), 0)(Draft(2, " x", 1, 8, 0))  # type: ignore[arg-type]  # 0: no limit
+    assert settled == [0]
+
+
+def test_an_answer_of_function_words_only_says_nothing() -> None:
+    for text in ("a", "be.", " can", "of", " in the", "That is", "you", " I"):
+        assert function_words_only(text) and not sensible(text, "", ""), text
+    for text in ("existence someday.", " the same as killing ME.", "", ")", "x"):
+        assert not function_words_only(text), text
+    assert sensible(")", "print(f(x)", "\n") and not sensible("  ", "", "")
+
+
+def test_an_answer_that_repeats_what_was_just_written_is_an_echo() -> None:
+    before = "What is your age\nI am still young"
+    assert repeats_before(" I am still young", before) and not sensible("I am still young", before, "")
+    assert repeats_before("class shlex", 'class shlex:\n    "A lexical analyzer class')
+    assert not repeats_before(" by your standards.", before)
+    assert not repeats_before(" young", before)  # one word: not a repeat of anything
+    assert repeats_before("I am still young.", before)  # three words or more in a row, whatever the punctuation
+    assert not repeats_before("your age!", before)  # two words: only as written
+    assert not repeats_before("I am still young", "I am still young\na\nb\nc")  # four lines up: too far
+
+
+def test_an_answer_that_copies_text_far_down_the_suffix_is_an_echo() -> None:
+    below = "\n".join(f"x{i} = {i}" for i in range(20)) + "\n    return sum(values) / len(values)\n"
+    assert copies_after("return sum(values) / len(values)", below)  # 21 lines down: still a copy
+    after = "\n\nWhat are your interests\nI am interested in a wide variety of things, and I find that I'm quite fond"
+    assert echoes(" I find that I'm quite fond of the number 23.", "", after)  # 4 of its 8 4-grams follow
+    assert not echoes(" computer science, and natural language processing.", "", after)
+    assert not echoes(" of many things, a wide variety of foods.", "", after)  # one 4-gram of five: not an echo
+
+
+def _lane(text: str, score: float, whole: bool = True) -> LaneEnd:
+    return LaneEnd(text, (), False, score, whole)
+
+
+def test_the_draft_taken_is_the_best_scored_whole_one_not_the_shared_short_one() -> None:
+    ends = [_lane(" a", -0.5, False), _lane(" a", -0.5, False), _lane(" existence someday.", -1.2),
+            _lane(" body.", -0.9), _lane(" I am still young", -0.2, False)]
+    assert choose(ends, 0) == 3  # the two "a" agree, but say nothing; the echo scores best, but is one
+    assert choose([_lane(" x.", -1.0), _lane(" y.", -1.0), _lane(" y.", -1.0)], 0) == 1  # ties: most shared
+    assert choose([_lane(" x.", -1.0), _lane(" y.", -1.0)], 1) == 1  # then the leading draft
+    # None whole: the ending most share (the answer's checks then drop it), ties to the leading draft.
+    assert choose([_lane(" a", 0, False), _lane(" of", 0, False), _lane(" of", 0, False)], 0) == 1
+    assert choose([_lane(" a", 0, False), _lane(" of", 0, False)], 1) == 1
+
+
+def test_a_draft_is_scored_up_to_the_token_that_ends_it() -> None:
+    logp = [-1.0, -2.0, -3.0, -10.0]
+    assert _score(logp, [" ab", "c", "\nd", "e"], " abc", False) == -2.0  # the newline's token counts
+    assert _score(logp, [" ab", "c"], " abc", True) == -2.0  # a natural end: its <|fim_end|> counts
+    assert _score(None, [" ab"], " ab", True) == 0.0 and _score([], [], "", False) == 0.0
 
 
 def test_the_infill_answer_drops_the_lead_trims_a_timed_out_tail_and_drops_a_copy() -> None:
@@ -178,6 +243,12 @@ def test_the_infill_answer_drops_the_lead_trims_a_timed_out_tail_and_drops_a_cop
     assert answer(" never", "eos", timed_out=True) == "ever"
     assert answer(" n", timed_out=True) == "" and answer(" ", timed_out=True) == ""
     assert answer(" It was") == ""  # not started with its lead: nothing of it follows the cursor
+    assert answer(" n of", "eos") == "" and answer(" nor be.", "eos") == ""  # function words only, ended or not
+    age = InfillRequest(input_prefix="What is your age\n", prompt="I am still young ", input_suffix="\n\nWho\n")
+    f = Finish(0, "eos", " I am still young.", 3, None, 2, 0.0, 0.1)
+    assert _result(api, age, task, plan_, f, " ")["content"] == ""  # type: ignore[arg-type]  # what was just said
+    f = Finish(0, "eos", " by your standards.", 3, None, 2, 0.0, 0.1)
+    assert _result(api, age, task, plan_, f, " ")["content"] == "by your standards."  # type: ignore[arg-type]
     assert answer(" not a good day for it.") == ""  # "ot a good day for it." is inside the next line: a copy
 
 
@@ -240,6 +311,29 @@ def test_a_row_ends_when_every_draft_has_reached_its_line_end(backend: Backend) 
     finish = seen[-1]
     assert isinstance(finish, Finish) and finish.reason == "rule"
     assert finish.text == "door" and handles[0].cancelled  # a tie: the leading draft's; the engine row is freed
+
+
+def test_the_row_ends_with_the_best_scored_whole_draft_not_the_shared_function_word(backend: Backend) -> None:
+    before, after = "What is your robot body\nEventually i long for a corporeal ", "\n\nWhat is your name\n"
+    ends = suggestion_endings(before, after, SamplerConfig(mode="ar"), heal=True)
+    assert ends.lead == " "
+    task = TextTask(before[: -len(ends.lead)], after, 16, ends.config, 0, 1, (), ends.cut, ends.join)
+    p = plan(backend, task, max_context=99)
+    start, end = p.fill
+    enc = backend.tokenizer.encode
+    lanes = [enc(" a\nx").ids, enc(" a\ny").ids, enc(" existence someday.\n").ids, enc(" form.\n").ids]
+    scores = [-0.1, -0.1, -1.0, -2.0]  # the two "a" are likeliest and agree: the old vote took them
+    logp = tuple(tuple([sc] * len(lane)) for sc, lane in zip(scores, lanes, strict=True))
+    frame = _frame(p.request, start, end, lanes, 0, 3)
+    assert frame.drafts is not None
+    frame = dataclasses.replace(frame, drafts=dataclasses.replace(frame.drafts, logp=logp))
+    reader = TextReader(backend, p, task)
+    probe = reader.probe(frame.draft, frame.written)
+    out = early_end(reader, task, frame, probe, fim_end=None, null_id=backend.null_id, token_text=backend.token_text)
+    assert out is not None
+    canvas, written, settled = out
+    reader.feed(canvas, last=True, settled=settled, written=written)
+    assert reader.text == " existence someday."
 
 
 def test_a_draft_that_ends_on_its_own_is_cut_before_the_repeat(backend: Backend) -> None:

@@ -152,12 +152,12 @@ def test_n_indent_and_the_time_limit_on_a_completion(client: TestClient, backend
     assert "\n" not in text or all(line.startswith("    ") or not line.strip() for line in text.split("\n")[1:])
     fast = backend.sampler_defaults
     backend.sampler_defaults = dataclasses.replace(fast, **SLOW)
-    try:  # 1024 steps a canvas were allowed: the first draft holding a newline after 1 ms was taken instead
+    try:  # 1024 steps a canvas were allowed: the first draft after 1 ms was taken instead
         r = client.post("/v1/completions", json={"prompt": "The cat\n", "suffix": "\nThe end.\n", "n_predict": 20,
                                                  "seed": 5, "t_max_predict_ms": 1}).json()  # fmt: skip
     finally:
         backend.sampler_defaults = fast
-    assert "\n" in r["choices"][0]["text"] and r["choices"][0]["finish_reason"] == "length"
+    assert r["choices"][0]["finish_reason"] == "length"
     assert client.get("/health").json()["http_generations"]["running"] == 0
 
 
