@@ -34,7 +34,6 @@ from canvas.store.sqlite import Store
 
 FAULTS_ENV = "DCANVAS_STORE_FAULTS"
 MODES = ("off", "error", "full")
-_NO_CAP = 1073741823  # SQLite's default max_page_count
 
 
 def from_env(store: DocStore) -> DocStore:
@@ -100,11 +99,7 @@ class FaultyStore:
         if full == self._capped:
             return
         if isinstance(self.inner, Store):
-            # The store's own connection and lock (private): the cap must hold on the connection that writes.
-            with self.inner._lock:
-                db = self.inner._db
-                pages = int(db.execute("PRAGMA page_count").fetchone()[0])
-                db.execute(f"PRAGMA max_page_count={pages if full else _NO_CAP}")
+            self.inner.cap_size(full)
         self._capped = full
 
     def _before_write(self) -> None:

@@ -48,6 +48,8 @@ from canvas.store.base import (
     save_blobs,
 )
 
+_NO_PAGE_CAP = 1073741823  # SQLite's default max_page_count
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
@@ -115,6 +117,15 @@ class Store(SqlStore):
                 self._db.execute(
                     "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
+
+    def cap_size(self, full: bool) -> None:
+        """Cap the database at its present size (`full`), or lift the cap: SQLite itself then finds the disk full.
+
+        For fault injection (`canvas.server.faults`): the cap must hold on the connection that writes, this store's.
+        """
+        with self._lock:
+            pages = int(self._db.execute("PRAGMA page_count").fetchone()[0])
+            self._db.execute(f"PRAGMA max_page_count={pages if full else _NO_PAGE_CAP}")
 
     # -- writing ---------------------------------------------------------------------------------------------
 
