@@ -19,7 +19,7 @@ read `__version__`; the model, the conversion, the engine, the server, the eval,
 and `kernels` read the environment through `env`.
 Imports: nothing.
 Imported by: `canvas.bench`, `canvas.cli`, `canvas.convert`, `canvas.engine`, `canvas.eval`, `canvas.model`,
-`canvas.protocol`, `canvas.server`, `canvas.training`, `kernels` and `tui`.
+`canvas.protocol`, `canvas.server`, `canvas.soak`, `canvas.store`, `canvas.training`, `kernels` and `tui`.
 """
 
 from __future__ import annotations

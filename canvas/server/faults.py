@@ -29,16 +29,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from canvas.env import STORE_FAULTS
 from canvas.store.base import CommitUnknown, DocRecord, DocStore, EditRecord, Positions, ProposalRecord, SharedStore
 from canvas.store.sqlite import Store
 
-FAULTS_ENV = "DCANVAS_STORE_FAULTS"
 MODES = ("off", "error", "full")
 
 
 def from_env(store: DocStore) -> DocStore:
     """`store` wrapped in a `FaultyStore` when `DCANVAS_STORE_FAULTS` names a control file; else `store`."""
-    control = os.environ.get(FAULTS_ENV)
+    control = STORE_FAULTS.get()
     if not control:
         return store
     if isinstance(store, SharedStore):  # its cross-process locks must stay visible to the server (peers)

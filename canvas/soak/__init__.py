@@ -12,6 +12,6 @@ report).
 The top layer: imports the protocol client, the store (with its throwaway PostgreSQL, `pgserver`),
 `canvas.server.faults` and the ingress's silent-replica timeout (`canvas.cluster.remote`); `canvas.bench` registers
 it and its load benchmark starts servers with `server`.
-Imports: `canvas.cluster`, `canvas.protocol`, `canvas.server` and `canvas.store`.
+Imports: `canvas`, `canvas.cluster`, `canvas.protocol`, `canvas.server` and `canvas.store`.
 Imported by: `canvas.bench`.
 """

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from canvas.server.faults import FAULTS_ENV
+from canvas.env import STORE_FAULTS
 
 
 def free_port() -> int:
@@ -91,7 +91,7 @@ class ServerProc:
         if self.pid is not None:
             raise RuntimeError("the server is already running")
         t0 = time.monotonic()
-        env = {**os.environ, FAULTS_ENV: str(self.args.control), "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, STORE_FAULTS.name: str(self.args.control), "TOKENIZERS_PARALLELISM": "false"}
         self._log = open(self.args.log, "ab")  # noqa: SIM115 (closed in _reap)
         self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.starts += 1

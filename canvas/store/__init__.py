@@ -3,9 +3,9 @@
 Map: `base` (records, errors, `DocStore` / `SharedStore`, the shared SQL), `sqlite` (`Store`: one SQLite file, one
 server process), `pg` (`PgStore`: PostgreSQL, several server processes), `pgserver` (a private, throwaway
 PostgreSQL from Debian's binaries, for the tests and the soak). The bottom layer with `canvas.protocol` and
-`canvas.document`: it imports nothing of the project (documents are opaque JSON blobs here); the server
-(`canvas.server`), the soak and the tests import it.
-Imports: nothing.
+`canvas.document`: it imports only the face's settings (`canvas.env`, where `pgserver` finds its binaries; documents
+are opaque JSON blobs here); the server (`canvas.server`), the soak and the tests import it.
+Imports: `canvas`.
 Imported by: `canvas.server` and `canvas.soak`.
 """
 

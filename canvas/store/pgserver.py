@@ -25,12 +25,14 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
+from canvas.env import PG_BIN
+
 RestartMode = Literal["fast", "immediate"]
 
 
 def find_bindir() -> Path | None:
     """Where initdb, pg_ctl and postgres live: $DCANVAS_PG_BIN, PATH, or Debian's /usr/lib/postgresql/N/bin."""
-    explicit = os.environ.get("DCANVAS_PG_BIN")
+    explicit = PG_BIN.get()
     if explicit:
         return Path(explicit)
     on_path = shutil.which("pg_ctl")

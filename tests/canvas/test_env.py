@@ -20,7 +20,7 @@ from canvas import env
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("canvas", "kernels", "tui")
 _NAME = re.compile(r"DCANVAS_[A-Z0-9_]+")
-NOT_YET_MOVED = {"canvas/server/faults.py", "canvas/store/pgserver.py", "canvas/bench/http.py"}
+NOT_YET_MOVED = {"canvas/bench/http.py"}
 
 
 def _source_files(suffixes: tuple[str, ...]) -> list[Path]:

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from canvas.server.faults import FAULTS_ENV, FaultySharedStore, FaultyStore, from_env, write_control
+from canvas.env import STORE_FAULTS
+from canvas.server.faults import FaultySharedStore, FaultyStore, from_env, write_control
 from canvas.server.lag import LagConfig, LoopLag
 from canvas.server.persist import write_failed
 from canvas.store.base import SharedStore
@@ -87,9 +88,9 @@ def test_a_full_disk_is_sqlite_refusing_to_grow_the_file(faulty: tuple[FaultySto
 
 def test_from_env_wraps_only_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     inner = Store(":memory:")
-    monkeypatch.delenv(FAULTS_ENV, raising=False)
+    monkeypatch.delenv(STORE_FAULTS.name, raising=False)
     assert from_env(inner) is inner
-    monkeypatch.setenv(FAULTS_ENV, str(tmp_path / "c.json"))
+    monkeypatch.setenv(STORE_FAULTS.name, str(tmp_path / "c.json"))
     wrapped = from_env(inner)
     assert isinstance(wrapped, FaultyStore) and wrapped.inner is inner
     with pytest.raises(ValueError, match="p must be"):
@@ -108,7 +109,7 @@ def test_a_postgresql_store_keeps_its_locks_and_fails_as_psycopg(
     from canvas.store.pg import PgStore
 
     control = tmp_path / "c.json"
-    monkeypatch.setenv(FAULTS_ENV, str(control))
+    monkeypatch.setenv(STORE_FAULTS.name, str(control))
     other = PgStore(pg_url)
     store = from_env(PgStore(pg_url))
     try:
