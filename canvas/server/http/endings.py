@@ -25,35 +25,29 @@ start by writing it again in their own tokens (`SamplerConfig.ar_lead`), and `dr
 Without that, a prompt ending in " app" "lie" or in a lone space token asks for a split the tokenizer never makes,
 and the model joins badly ("would n" -> "ounced"). The rules above read the text with the lead at its start.
 
-A suggestion a time limit ended (`llama_fields.Deadline`: the first draft to reach a line end once time is up, often
-the one that broke its line soonest) ends where time ran out, not where the model chose: `trim_tail` takes off the
-words it cannot end on ("... worth $2.1 million, and the" -> "... worth $2.1 million"; " or" -> ""), so it ends at
-a clause end or a content word, or is dropped where nothing whole is left. A suggestion whose line is a copy of one
-of the next lines (`copies_after`: the drafts copy what follows when it is likeliest, and the first to reach its line
-end at a time limit is often such a copy) is dropped: accepting it would write that line twice.
+At a time limit (`llama_fields.Deadline`) an AR infill's answer is the best-scored draft that has reached its end and
+is worth showing (`draft_ends.deadline_end`), not the leading draft as the clock finds it; only where no draft has
+ended (or none that ended is worth showing) is a draft taken where time ran out, not where the model chose, and then
+`trim_tail` takes off the words it cannot end on ("... worth $2.1 million, and the" -> "... worth $2.1 million"; " or"
+-> ""), so it ends at a clause end or a content word, or is dropped where nothing whole is left. A suggestion whose
+line is a copy of one of the next lines (`copies_after`: the drafts copy what follows when it is likeliest) is
+dropped: accepting it would write that line twice.
 
-An AR infill's K drafts grow side by side (`canvas.engine.ar`; frames carry them all): `early_end` ends the row as
-soon as every draft has reached its end (a cut rule, a stop string, or its `<|fim_end|>`), with the draft most of
-them agree on, else the leading one, so a single-line suggestion costs its line, not the token budget. A draft's text
-is read from its tokens' own texts to check (cheap, each step), and the one chosen is read exactly before it ends the
-choice.
+An AR infill's K drafts grow side by side: which one ends the row, early or at a time limit, is
+`canvas.server.http.draft_ends`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from canvas.engine.core import Frame
 from canvas.sampling.sampler import SamplerConfig
-from canvas.server.http.textgen import CutRule, TextReader, TextTask, stop_cut
+from canvas.server.http.textgen import CutRule
 
 _OPEN, _CLOSE = "([{", {")": "(", "]": "[", "}": "{"}
-# Why a probe of a draft ended where it did for the draft to count as ended: never "time" or "length" (cut short).
-_ENDED = ("rule", "word", "eos")
 # The cursor line's partial word: one space after text, then word characters up to the cursor (none: the space alone).
 _LEAD = re.compile(r"(?<=\S) \w{0,31}\Z")
 
@@ -271,6 +265,54 @@ def repeats_before(text: str, before: str, *, lines: int = 3, min_chars: int = 8
     return n >= 3 and any(theirs[i : i + n] == words for i in range(len(theirs) - n + 1))
 
 
+def _runs(words: Sequence[str], theirs: Sequence[str]) -> list[tuple[int, int]]:
+    """Each (start, length) in `words` of a longest run that also occurs in `theirs`, in order of start."""
+    out = []
+    for i in range(len(words)):
+        best = 0
+        for j in range(len(theirs)):
+            n = 0
+            while i + n < len(words) and j + n < len(theirs) and words[i + n] == theirs[j + n]:
+                n += 1
+            best = max(best, n)
+        out.append((i, best))
+    return out
+
+
+# A suggestion repeats the cursor line when it holds a run of this many of the line's words in a row, or opens with
+# the line's first `_RESTART_WORDS` words. Fewer is common wording ("in the", "of the city"), and code ("foo(a, b").
+_LINE_RUN_WORDS = 4
+_RESTART_WORDS = 3
+
+
+def line_echo(text: str, before: str) -> int | None:
+    """Where the suggestion `text` starts to repeat the cursor line (the text of `before` after its last newline):
+    the start of its first line's first run of `_LINE_RUN_WORDS` words in a row (whatever the punctuation) found
+    on that line, or its start where it opens with the line's first `_RESTART_WORDS` words (the line begun again:
+    "I am still young " -> "I am still young, still young.") or its last two words or more ("still young."); None
+    where it does not.
+    Code repeats the lines above it by nature, so only the cursor line is read."""
+    first = text.split("\n", 1)[0]
+    found = list(_WORDS.finditer(first))
+    words = [m.group(0).lower() for m in found]
+    theirs = [w.lower() for w in _WORDS.findall(before.rsplit("\n", 1)[-1])]
+    if any(words[:k] == theirs[-k:] for k in range(2, min(len(words), len(theirs)) + 1)):
+        return found[0].start()  # it says the line's last words again ("I am still young " -> "still young.")
+    if len(words) >= _RESTART_WORDS and words[:_RESTART_WORDS] == theirs[:_RESTART_WORDS]:
+        return found[0].start()  # the line begun again
+    for i, n in _runs(words, theirs):
+        if n >= _LINE_RUN_WORDS:
+            return found[i].start()
+    return None
+
+
+def cut_line_echo(text: str, before: str) -> str:
+    """The suggestion less its repeat of the cursor line (`line_echo`) and what follows it, trimmed to what it can
+    end on (`trim_tail`): "" where it starts with the repeat; `text` itself where it has none."""
+    at = line_echo(text, before)
+    return text if at is None else trim_tail(text[:at])
+
+
 def echoes(text: str, before: str, after: str) -> bool:
     """Whether the suggestion `text` repeats its surroundings rather than adding to them: a copy of lines that
     follow (`copies_after`), `ECHO_SHARE` of its word 4-grams (two or more) found after the cursor, or its first line
@@ -297,8 +339,9 @@ def function_words_only(text: str) -> bool:
 
 
 def sensible(text: str, before: str, after: str) -> bool:
-    """Whether a suggestion is worth showing: blank, function words only (`function_words_only`) or an echo
-    (`echoes`) is not."""
+    """Whether a suggestion is worth showing once its repeat of the cursor line is cut (`cut_line_echo`): blank,
+    function words only (`function_words_only`) or an echo (`echoes`) is not."""
+    text = cut_line_echo(text, before)
     return bool(text.strip()) and not function_words_only(text) and not echoes(text, before, after)
 
 
@@ -358,115 +401,3 @@ def suggestion_endings(before: str, after: str, config: SamplerConfig, *, n_inde
         config = dataclasses.replace(config, ar_min_fill=0.0)
     cut = combine(indent_rule(n_indent) if n_indent > 0 else None, line_rule(cursor))
     return Endings(cut, join_rule(cursor), config, lead)
-
-
-# ---- ending an AR row early --------------------------------------------------------------------------------------
-EarlyEnd = tuple[list[int], tuple[bool, ...], bool]  # (canvas, written mask, settled) to commit as the last canvas
-
-
-def _lane_end(task: TextTask, text: str, ended: bool) -> str | None:
-    """A draft's text as it would end (`ended`: the draft ended on its own there): None while it goes on."""
-    ends = [found[0]] if (found := stop_cut(text, task.stop)) is not None else []
-    if task.cut is not None and (at := task.cut(text)) is not None:
-        ends.append(at)
-    if ends:
-        return text[: min(ends)]
-    if not ended:
-        return None
-    at = task.join(text) if task.join is not None else None
-    return text if at is None else text[:at]
-
-
-@dataclass(frozen=True, slots=True)
-class LaneEnd:
-    """One draft as it ends: its `text` (the lead included), its `tokens` (up to its `<|fim_end|>` when `natural`),
-    `score` (the mean log-probability of the tokens that wrote the text and its end, the newline or `<|fim_end|>`
-    included: the drafting frame's, conditioned on both sides; 0 where the frame has none) and `whole`: worth
-    showing (`sensible`, with the lead taken off)."""
-
-    text: str
-    tokens: tuple[int, ...]
-    natural: bool
-    score: float
-    whole: bool
-
-
-def _score(logp: Sequence[float] | None, pieces: Sequence[str], text: str, natural: bool) -> float:
-    """The mean log-probability of the tokens up to the one that ends `text` (the token holding its next character,
-    or the `<|fim_end|>` after a natural end)."""
-    if not logp:
-        return 0.0
-    used, n = 0, len(pieces)
-    for i, piece in enumerate(pieces):
-        used += len(piece)
-        if used > len(text):
-            n = i + 1
-            break
-    else:
-        n = len(pieces) + natural  # the text is every piece: its end is the next token (`<|fim_end|>`)
-    n = max(1, min(n, len(logp)))
-    return sum(logp[:n]) / n
-
-
-def choose(ends: Sequence[LaneEnd], lead: int) -> int:
-    """The draft to take: the best-scored whole ending (`LaneEnd.whole`; ties: the one most drafts share, then the
-    leading draft's); where none is whole, the ending most drafts share (ties: the leading draft's, else the first),
-    which the answer's own checks then drop. A vote among all endings favours short ones that drafts share by
-    chance ("a", "be."): it only decides among endings that say nothing anyway."""
-    counts = Counter(e.text for e in ends)
-    whole = [i for i, e in enumerate(ends) if e.whole]
-    if whole:
-        return max(whole, key=lambda i: (ends[i].score, counts[ends[i].text], i == lead))
-    top = max(counts.values())
-    return next(i for i in (lead, *range(len(ends))) if i < len(ends) and counts[ends[i].text] == top)
-
-
-def early_end(reader: TextReader, task: TextTask, frame: Frame, lead: TextReader, *, fim_end: int | None,
-              null_id: int | None, token_text: Callable[[int], str]) -> EarlyEnd | None:
-    """What to commit when every draft of the AR canvas `frame` shows has reached where its text ends, else None.
-    `reader`: the choice's reader (the frame's canvas is its next); `lead`: its probe of the frame's canvas as drawn
-    (the leading draft). A frame without side-by-side drafts ends when the leading draft's written text has reached
-    a cut rule or a stop string. With drafts, each draft ends at a cut rule, a stop string or its `<|fim_end|>`
-    (`fim_end`; the rest of its gap becomes `<null>`, `null_id`); the one taken is `choose`'s (the best-scored whole
-    ending), and it ends the choice only if its exact reading ends there too."""
-    if frame.written is None or (task.cut is None and not task.stop):
-        return None  # a diffusion row's slots are not final; without a rule nothing ends a draft early
-    drafts = frame.drafts
-    if drafts is None or drafts.chosen is not None:
-        return (list(frame.draft), frame.written, True) if lead.reason in ("rule", "word") else None
-    typed = task.config.ar_lead
-    after = task.suffix or ""
-    lanes: list[tuple[str, tuple[int, ...], list[str], bool]] = []
-    for tokens in drafts.tokens:
-        cut = tokens.index(fim_end) if fim_end is not None and fim_end in tokens else None
-        own = tokens if cut is None else tokens[:cut]
-        pieces = [token_text(t) for t in own]
-        text = _lane_end(task, "".join(pieces), cut is not None)
-        if text is None:
-            return None  # this draft goes on
-        lanes.append((text, tuple(own), pieces, cut is not None))
-    ends = [LaneEnd(text, own, natural, _score(drafts.logp[k] if drafts.logp else None, pieces, text, natural),
-                    sensible(drop_lead(text, typed) if typed else text, task.prompt, after))
-            for k, (text, own, pieces, natural) in enumerate(lanes)]
-    taken = ends[choose(ends, drafts.lead)]
-    chosen, natural = list(taken.tokens), taken.natural
-    if natural and null_id is None:
-        return None
-    canvas = list(frame.draft)
-    written = list(frame.written)
-    canvas[drafts.start : drafts.start + len(chosen)] = chosen
-    if natural:  # the rest of the gap is null, as the engine leaves a draft that ended: the model ended the text
-        canvas[drafts.start + len(chosen) : drafts.end] = [null_id or 0] * (drafts.end - drafts.start - len(chosen))
-        written[drafts.start : drafts.end] = [True] * (drafts.end - drafts.start)
-    else:  # the draft goes on past its end: only its tokens so far are written
-        written[drafts.start : drafts.end] = [i < len(chosen) for i in range(drafts.end - drafts.start)]
-    settled = not natural
-    probe = reader.probe(canvas, written, settled=settled)
-    return (canvas, tuple(written), settled) if probe.reason in _ENDED else None
-
-
-def fim_end_id(token_id: Callable[[str], int | None]) -> int | None:
-    """The `<|fim_end|>` id of a tokenizer (`HFTokenizer.token_id`), None without one."""
-    from canvas.convert.vocab import FIM_END
-
-    return token_id(FIM_END)

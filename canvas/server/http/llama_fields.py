@@ -94,13 +94,14 @@ def llama_budget(n_predict: int, *, infill: bool, canvas_length: int, max_canvas
 
 class Deadline:
     """`t_max_predict_ms`: once it has passed since a choice's first draft (its prompt is encoded by then), the next
-    draft ends that choice, with the text the model has written so far: a draft shows only written slots (an AR
-    row's others still hold noise), and `TextRun.settle` takes them, cut back to a word boundary where the text goes
-    on. llama.cpp stops only at a draft with a newline once time is up, and runs on to `n_predict` without one; here
-    a single-line suggestion never holds one (its newline is cut), so waiting for it would run to the token budget,
-    seconds past the limit an editor asked for. It ends as llama.cpp's "limit", OpenAI's "length". Feed it every
-    event of the run. `fired`: the choices it ended (their text ends where time ran out, not where the model chose:
-    `endings.trim_tail` tidies it)."""
+    draft ends that choice, with the text the model has written so far (`TextRun.settle`): of an AR infill's drafts,
+    the best-scored one that has reached its end (`draft_ends.deadline_end`), else a draft's written slots (an AR
+    row's others still hold noise), cut back to a word boundary where the text goes on. llama.cpp stops only at a
+    draft with a newline once time is up, and runs on to `n_predict` without one; here a single-line suggestion never
+    holds one (its newline is cut), so waiting for it would run to the token budget, seconds past the limit an editor
+    asked for. It ends as llama.cpp's "limit", OpenAI's "length". Feed it every event of the run. `fired`: the
+    choices it ended (a text that ends where time ran out, `End` "time", not where the model chose: `endings.trim_tail`
+    tidies it)."""
 
     def __init__(self, run: TextRun, limit_ms: int) -> None:
         self.run, self.limit_s = run, limit_ms / 1000

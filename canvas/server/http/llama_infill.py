@@ -21,12 +21,14 @@ llama.cpp's rules (EOS, `stop`, the budget, `n_indent`, `t_max_predict_ms`), a c
 cursor gets the rest of that line only, cut before a repeat of what follows the cursor on it, drafted with a
 `<|fim_end|>` allowed from the first token (`ar_min_fill` 0); the first token never breaks the line unless the cursor
 is at the start of a line with text after it (`SamplerConfig.ar_first_newline`). An AR row stops as soon as every
-draft has reached its end (`endings.early_end`), so such a suggestion costs its line. In AR mode the cursor line's
+draft has reached its end (`draft_ends.early_end`), so such a suggestion costs its line. In AR mode the cursor line's
 partial word (or the space typed after its last word) is token-healed by constraint (`endings.typed_lead`): the
-prompt ends before it, the drafts write it again first, and `content` is what follows it. A whole (not streamed)
-answer that a time limit ended loses the words it cannot end on (`endings.trim_tail`), and one that says nothing
+prompt ends before it, the drafts write it again first, and `content` is what follows it. At a time limit the answer
+is the best-scored draft that has reached its end (`draft_ends.deadline_end`); a whole (not streamed) answer that time
+cut where it stood loses the words it cannot end on (`endings.trim_tail`), and one that says nothing
 (function words only) or echoes its surroundings (a copy of lines that follow, or of what was just written before
-the cursor) is dropped (`endings.sensible`); a stream has sent its text by then and keeps it.
+the cursor) is dropped (`endings.sensible`; a repeat of a run of the cursor line's words is cut off first,
+`endings.cut_line_echo`); a stream has sent its text by then and keeps it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from starlette.routing import BaseRoute, Route
 
 from canvas.sampling.sampler import Mode
 from canvas.server.http.core import ClientGone, HttpApi, Refusal, sse
-from canvas.server.http.endings import LeadCut, drop_lead, sensible, suggestion_endings, trim_tail
+from canvas.server.http.endings import LeadCut, cut_line_echo, drop_lead, sensible, suggestion_endings, trim_tail
 from canvas.server.http.endings import indent_rule as indent_rule  # where it was: the OpenAI routes import it here
 from canvas.server.http.llama_fields import REFUSED, Deadline, llama_budget, llama_seed, refused_value
 from canvas.server.http.textgen import Plan, TextTask, plan, sampler_config
@@ -141,10 +143,11 @@ def _stop_type(f: Finish) -> str:
 
 
 def _timings(p: Plan, f: Finish) -> dict[str, float | int]:
-    """llama.cpp's `timings`. `prompt_ms` is the engine's encoding of the context alone (near 0 when it reused a
-    kept cache; the wait in the queue is in neither figure); `predicted_ms` runs from the first step to the end,
-    and so includes what an AR infill encodes besides its tokens (the FIM prompt, the pinned text it walks)."""
-    prompt_ms, predicted_ms = f.prompt_s * 1000, f.wall_s * 1000
+    """llama.cpp's `timings`. `prompt_ms` is the prompt's processing (`Finish.prompt_s`: the context's encoding,
+    near 0 when a kept cache was reused, and, for an AR infill, the prefill of its FIM prompt or pinned text up to
+    the drafts' first step, and a deferred context encoded when the seam was scored); `predicted_ms` is the rest of
+    the generation, the drafting alone. The wait in the queue is in neither figure."""
+    prompt_ms, predicted_ms = f.prompt_s * 1000, max(0.0, f.wall_s - f.prefill_s) * 1000
     return {
         "prompt_n": p.prompt_tokens,
         "prompt_ms": round(prompt_ms, 3),
@@ -164,8 +167,9 @@ def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish
     (`endings.trim_tail`), and nothing where it is not worth showing (`endings.sensible`: function words only, a
     copy of lines that follow or of what was just written before the cursor)."""
     content = drop_lead(f.text, lead)
-    if timed_out and f.reason != "eos":
+    if timed_out and f.reason == "time":  # cut where time found it (a whole draft taken at the deadline is kept)
         content = trim_tail(content)
+    content = cut_line_echo(content, req.input_prefix + req.prompt)  # its repeat of the cursor line goes
     if not sensible(content, req.input_prefix + req.prompt, req.input_suffix):
         content = ""  # function words only, or an echo: accepted, it would say nothing or say something twice
     cfg = task.config

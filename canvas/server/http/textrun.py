@@ -15,8 +15,9 @@ choice's `TextReader` and yields:
 A canvas is final when the engine commits it: a frame of a later canvas means the previous canvas is committed,
 and it is the draft of that canvas's last frame (the engine always emits the frame of the step that stops a
 canvas, and commits exactly that argmax); the last canvases come from `Done`. A choice ended early (a stop
-sequence, `settle`, or an AR row whose drafts have all reached their end: `endings.early_end`) has its engine
-generation cancelled; `close()` cancels whatever is still running, which is what
+sequence, `settle`, or an AR row whose drafts have all reached their end: `draft_ends.early_end`) has its engine
+generation cancelled (`settle` takes, of an AR infill's side-by-side drafts, the best-scored whole one written so
+far: `draft_ends.deadline_end`); `close()` cancels whatever is still running, which is what
 a client that goes away triggers. However a choice ends, its text holds only what the model wrote (`TextReader`):
 a settled draft is read up to its first unwritten slot and cut back to a word, and deltas never run ahead of what
 a later cut could take back.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from canvas.engine.backend import Backend
 from canvas.engine.core import Done, Frame, GenHandle, GenRequest
-from canvas.server.http.endings import EarlyEnd, early_end, fim_end_id
+from canvas.server.http.draft_ends import EarlyEnd, deadline_end, early_end, fim_end_id
 from canvas.server.http.textgen import End, Plan, TextReader, TextTask
 
 
@@ -74,10 +75,14 @@ class Finish:
     tokens: int  # generated tokens in `text`
     stop_word: str | None
     steps: int
-    queued_s: float  # from submission to the first step: the wait in the engine's queue and the prompt's encoding
-    wall_s: float  # from the first step to the end
-    prompt_s: float = 0.0  # the engine's encoding of the context, alone (0-ish when its cache was reused)
-    cached_tokens: int = 0  # context tokens whose encoder cache the engine reused
+    queued_s: float  # from submission to the row's start: the wait in the engine's queue and the context's encoding
+    wall_s: float  # from the row's start to the end
+    # The prompt's processing, alone: the engine's encoding of the context (0-ish when its cache was reused) and, for
+    # an AR infill, the time to its first frame (the pinned text before the gap, or the FIM prompt, prefilled, and
+    # the drafts' first step) and a deferred context encoded after it (the seam's scoring read it).
+    prompt_s: float = 0.0
+    cached_tokens: int = 0  # context tokens whose encoder cache the engine reused (the newest report)
+    prefill_s: float = 0.0  # the part of `wall_s` that `prompt_s` counts: `wall_s - prefill_s` is the drafting
 
 
 Event = Delta | Draft | Finish
@@ -92,8 +97,10 @@ class _Choice:
         self.last: Frame | None = None  # the newest frame of the current canvas
         self.fresh = False  # a frame arrived since the last draft
         self.first_frame: float | None = None
-        self.prompt_s = 0.0  # from the engine's events
+        self.prompt_s = 0.0  # from the engine's events: the newest (a deferred context's encode adds to it)
         self.cached_tokens = 0
+        self.encoded_s = 0.0  # `prompt_s` as the first frame reported it: encoded before the row started
+        self.lead_s = 0.0  # an AR infill: from the row's start to its first frame (its prompt's prefill)
         self.sent = 0  # characters of text yielded as deltas
         self.steps = 0
         self.finished = False
@@ -147,7 +154,7 @@ class TextRun:
     async def events(self, drafts: bool = True) -> AsyncGenerator[Event, None]:
         """Every choice's events until all have finished; raises GenerationFailed. `drafts=False`: the caller reads
         no `Draft`, so none is made; where no early end can come of them either (the task has no cut rule and no
-        stop sequence: `endings.early_end` ends nothing then), frames are not read as text at all until their canvas
+        stop sequence: `draft_ends.early_end` ends nothing then), frames are not read as text at all until their canvas
         is committed (a probe decodes the whole canvas's written text again, once a frame). The deltas and the
         finish are the same either way: a probe reads a copy of the reader."""
         probe_frames = drafts or self.task.cut is not None or bool(self.task.stop)
@@ -191,7 +198,11 @@ class TextRun:
         if isinstance(ev, Frame):
             if c.first_frame is None:
                 c.first_frame = time.perf_counter() - ev.elapsed_s
-                c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens
+                c.encoded_s = ev.prompt_s
+                # An AR row's first frame comes after its prompt's prefill (the pinned text before the gap, or the
+                # FIM prompt, which the engine encodes as the walk starts) and one drafting step.
+                c.lead_s = ev.elapsed_s if ev.written is not None and self.plan.infill else 0.0
+            c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens  # a deferred context, once read, adds
             if c.last is not None and ev.canvas_index > c.last.canvas_index:  # the previous canvas's stopping frame
                 out += self._commit(c, c.last.draft, last=False, written=c.last.written)
             c.last, c.fresh = ev, True
@@ -202,7 +213,8 @@ class TextRun:
             raise GenerationFailed(ev.error or f"the generation was {ev.status}", retryable=ev.status == "unavailable")
         c.steps = ev.steps
         if c.first_frame is None:
-            c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens
+            c.encoded_s = ev.prompt_s
+        c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens
         fed = c.reader.canvases
         for k in range(fed, len(ev.canvases)):
             out += self._commit(c, ev.canvases[k], last=k == len(ev.canvases) - 1)
@@ -212,7 +224,7 @@ class TextRun:
         return out
 
     def _early_end(self, c: _Choice, probe: TextReader) -> EarlyEnd | None:
-        """`endings.early_end` of the choice's newest frame, when it draws the canvas the reader reads next."""
+        """`draft_ends.early_end` of the choice's newest frame, when it draws the canvas the reader reads next."""
         frame = c.last
         if frame is None or frame.written is None or frame.canvas_index != c.reader.canvases:
             return None
@@ -220,11 +232,18 @@ class TextRun:
                          token_text=self.backend.token_text)
 
     def _settle_now(self, c: _Choice) -> list[Event]:
+        """Settle a choice (a time limit): where its frame shows an AR infill's drafts side by side, with the
+        best-scored whole draft written so far (`draft_ends.deadline_end`), else with its current draft as drawn."""
         if c.finished:
             return []
-        current = c.last is not None and c.last.canvas_index == c.reader.canvases
-        draft, written = (c.last.draft, c.last.written) if current and c.last is not None else ((), None)
-        return self._commit(c, draft, last=True, settled=True, written=written)
+        frame = c.last if c.last is not None and c.last.canvas_index == c.reader.canvases else None
+        if frame is None:
+            return self._commit(c, (), last=True, settled=True)
+        end = deadline_end(c.reader, self.task, frame, fim_end=self._fim_end, null_id=self.backend.null_id,
+                           token_text=self.backend.token_text)
+        if end is not None:
+            return self._commit(c, end[0], last=True, settled=end[2], written=end[1])
+        return self._commit(c, frame.draft, last=True, settled=True, written=frame.written)
 
     def _commit(self, c: _Choice, canvas: tuple[int, ...] | list[int], *, last: bool, settled: bool = False,
                 written: tuple[bool, ...] | None = None) -> list[Event]:
@@ -245,6 +264,9 @@ class TextRun:
             now = time.perf_counter()
             first = c.first_frame if c.first_frame is not None else now
             assert r.reason is not None
+            wall = max(0.0, now - first)
+            # What the engine encoded after the row started (a deferred context) lies in `wall` as well.
+            prefill = min(wall, c.lead_s + max(0.0, c.prompt_s - c.encoded_s))
             out.append(Finish(c.index, r.reason, r.text, r.tokens, r.stop_word, c.steps,
-                              max(0.0, first - c.submitted), max(0.0, now - first), c.prompt_s, c.cached_tokens))
+                              max(0.0, first - c.submitted), wall, c.encoded_s + prefill, c.cached_tokens, prefill))
         return out

@@ -118,8 +118,24 @@ def _canvas_ids(backend: Backend, req: GenRequest, canvas: int, draft: tuple[int
     return ids, False
 
 
+def _lane_views(f: Frame) -> list[tuple[tuple[int, ...], tuple[bool, ...] | None]]:
+    """A frame's canvas as drawn, and, where it carries an AR infill's drafts side by side, the canvas with each
+    draft's tokens written in the gap instead (a time limit may take any of them: `draft_ends.deadline_end`)."""
+    views = [(f.draft, f.written)]
+    d = f.drafts
+    if d is None or d.chosen is not None or f.written is None:
+        return views
+    for lane in d.tokens:
+        canvas, written = list(f.draft), list(f.written)
+        canvas[d.start : d.start + len(lane)] = lane
+        written[d.start : d.end] = [i < len(lane) for i in range(d.end - d.start)]
+        views.append((tuple(canvas), tuple(written)))
+    return views
+
+
 def written_texts(backend: Backend, gens: list[Gen]) -> list[list[str]]:
-    """For each frame of each generation: the texts of every token prefix of what the model had written by then."""
+    """For each frame of each generation (and each of its drafts): the texts of every token prefix of what the model
+    had written by then."""
     out = []
     for gen in gens:
         frames = [e for e in gen.events if isinstance(e, Frame)]
@@ -129,9 +145,9 @@ def written_texts(backend: Backend, gens: list[Gen]) -> list[list[str]]:
             for c in range(f.canvas_index):
                 more, eos = _canvas_ids(backend, gen.request, c, last[c].draft, last[c].written)
                 ids += more
-            more, _ = _canvas_ids(backend, gen.request, f.canvas_index, f.draft, f.written)
-            ids += more
-            out.append([backend.tokenizer.decode(ids[:k]) for k in range(len(ids) + 1)])
+            for draft, written in _lane_views(f):
+                more, _ = _canvas_ids(backend, gen.request, f.canvas_index, draft, written)
+                out.append([backend.tokenizer.decode((ids + more)[:k]) for k in range(len(ids) + len(more) + 1)])
     return out
 
 

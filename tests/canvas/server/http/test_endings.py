@@ -20,20 +20,19 @@ from canvas.engine.types import Drafts
 from canvas.eval.client_shapes import LineSample, fim_body
 from canvas.sampling.modes import ModeDefaults
 from canvas.sampling.sampler import SamplerConfig
+from canvas.server.http.draft_ends import LaneEnd, _score, choose, early_end
 from canvas.server.http.endings import (
     CursorLine,
-    LaneEnd,
     LeadCut,
-    _score,
-    choose,
     combine,
     copies_after,
+    cut_line_echo,
     drop_lead,
-    early_end,
     echoes,
     function_words_only,
     indent_rule,
     join_at,
+    line_echo,
     line_rule,
     repeat,
     repeats_before,
@@ -192,6 +191,27 @@ def test_an_answer_that_repeats_what_was_just_written_is_an_echo() -> None:
     assert not repeats_before("I am still young", "I am still young\na\nb\nc")  # four lines up: too far
 
 
+def test_an_answer_that_repeats_a_run_of_the_cursor_line_is_cut_there() -> None:
+    """Real suggestions of the default build at llama.vim's request (`dcanvas eval --task clients`, issue 51)."""
+    age = "What is your age\nI am still young "
+    assert line_echo("I am still young, still young.", age) == 0 and not sensible("I am still young, still young.",
+                                                                                  age, "\n")
+    assert cut_line_echo("still young.", age) == "" and not sensible(" still young.", age, "")  # its last words
+    assert cut_line_echo("by your standards, I am still young and", age) == "by your standards"  # the rest goes
+    shares = "Shares of StageGate fell 4% in early tra"
+    assert cut_line_echo("ding, shares of StageGate fell 4% again.", shares) == "ding"
+    # Kept: the human rests of these lines, and suggestions that share only common wording with the line.
+    for before, text in [(age, "by your standards."), (shares, "de of the 2023"), (shares, "ding on Monday."),
+                         ("a shortfall of 2.4 trillion tenge by ", '2035," she told lawmakers.'),
+                         ("He said the city would pay for the ", "city council to take action."),
+                         ("The more you practice, the more ", "you learn, and the more you grow."),
+                         ("    y = foo(a, b, c) + ", "foo(a, b, d)"),
+                         ("for i in range(len(x)):\n    y = ", "[x[i] for i in range(len(x))]"),  # a line above
+                         ("I am not young ", "I am old.")]:
+        assert line_echo(text, before) is None and cut_line_echo(text, before) == text, (before, text)
+        assert sensible(text, before, ""), (before, text)
+
+
 def test_an_answer_that_copies_text_far_down_the_suffix_is_an_echo() -> None:
     below = "\n".join(f"x{i} = {i}" for i in range(20)) + "\n    return sum(values) / len(values)\n"
     assert copies_after("return sum(values) / len(values)", below)  # 21 lines down: still a copy
@@ -239,9 +259,10 @@ def test_the_infill_answer_drops_the_lead_trims_a_timed_out_tail_and_drops_a_cop
         return str(out["content"])
 
     assert answer(" never go out, and the") == "ever go out, and the"  # the model ended it: kept
-    assert answer(" never go out, and the", timed_out=True) == "ever go out"
+    assert answer(" never go out, and the", timed_out=True) == "ever go out, and the"  # a whole draft at the limit
+    assert answer(" never go out, and the", "time", timed_out=True) == "ever go out"  # cut where time found it
     assert answer(" never", "eos", timed_out=True) == "ever"
-    assert answer(" n", timed_out=True) == "" and answer(" ", timed_out=True) == ""
+    assert answer(" n", "time", timed_out=True) == "" and answer(" ", "time", timed_out=True) == ""
     assert answer(" It was") == ""  # not started with its lead: nothing of it follows the cursor
     assert answer(" n of", "eos") == "" and answer(" nor be.", "eos") == ""  # function words only, ended or not
     age = InfillRequest(input_prefix="What is your age\n", prompt="I am still young ", input_suffix="\n\nWho\n")
