@@ -6,7 +6,8 @@ server-sent events), `textgen` (text in, engine request out, text back), `textru
 request as a stream of text events), `openai` and `llama_infill` (the two dialects' routes), `llama_fields` and
 `llama_instruct` (llama.cpp's request fields and llama.vim's instruction shape), `llama_rewrite` (llama.vim's
 instructions answered from screened candidates), `endings` (where a suggestion ends: `/infill`'s line-level
-endings as llama.cpp's server has them, and the early end of an AR row whose drafts have all reached theirs).
+endings as llama.cpp's server has them, echoes and copies cut), `draft_ends` (which of an AR row's side-by-side
+drafts ends it: early, when all have reached their end, or at the deadline, the best-scored whole one).
 `routes` below assembles both dialects for `canvas.server.app`.
 
 It imports the engine (`canvas.engine`), the sampler settings, the document's tokenizer contract, the trimmed
