@@ -4,7 +4,9 @@ Map: `core` (`Engine`: requests join between steps, rows stop one by one, frames
 mode: batched drafts, each cut at clause ends and scored by the text after the gap), `types` (`GenRequest`, `Frame`,
 `Done`, `GenHandle`: what goes in and comes out), `scheduling` (the fair queue, the measured load, the row cap),
 `prefix_cache` (`PrefixCache`: encoder caches reused by the longest common prefix of token ids, so that an editor
-that resends its context on every keystroke pays only for what changed), `generate` (static-batch generation that
+that resends its context on every keystroke pays only for what changed), `block_pool` (`PagePool`: the prefix
+cache's one arena of fixed pages, so evicted blocks' memory is reused, never handed back to a fragmenting heap),
+`heap` (`Trimmer`: glibc's `malloc_trim`, at most once every few seconds), `generate` (static-batch generation that
 reproduces transformers' `generate` token for token), `backend` (a model directory loaded into an `Engine` with its
 tokenizer, special ids and defaults; the tiny random checkpoint the tests serve), `decoder_weights` (a gap
 denoiser's decoder-only adapters as served, and the shifted head that reads slot i from hidden state i - 1),

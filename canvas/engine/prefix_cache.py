@@ -21,13 +21,20 @@ blocks hold for any p. New positions are captured while they are still in the wi
 encoded in pieces that end on block boundaries, each small enough that the block it starts in and the piece both fit
 in the sliding buffers; after each piece its whole blocks are inserted.
 
-Invariants: a block's tensors never change once inserted (a restored cache is a copy, private to its caller, which
+Memory: the blocks' keys, values and logits live in the pages of one arena (`canvas.engine.block_pool.PagePool`)
+sized by the budget and never freed, so a full cache's RSS stays flat instead of fragmenting the allocator (issue
+47); a block takes as many pages as it has positions, its logits `logit_pages` more, and the stored bytes are the
+pages used, byte-exact. Each prefill also offers the allocator's free pages back to the OS, at most every few
+seconds (`canvas.engine.heap.TRIMMER`): the restored caches and activations it freed are of many sizes.
+
+Invariants: a block's pages never change while it is stored (a restored cache is a copy, private to its caller, which
 may grow it); a block is inserted only under a live parent, so every stored block is reachable; the stored bytes
 (keys, values and logits) stay within `budget_bytes` after every insertion (least recently used childless blocks go
 first); a prefill stopped between pieces (`stop`, a cancelled request) leaves every block it inserted whole and
-valid. Lookups and insertions hold a lock; encodes and copies run outside it, so engines on several threads may
-share one cache. A piece's size changes which GEMM shapes run, not what is computed: a restored prefix and its
-continuation equal a fresh encode of the same tokens within float tolerance.
+valid. Lookups, restores (copies out of pages that an eviction could hand to another block) and insertions hold a
+lock; encodes run outside it, so engines on several threads may share one cache. A piece's size changes which
+GEMM shapes run, not what is computed: a restored prefix and its continuation equal a fresh encode of the same tokens
+within float tolerance.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from canvas.engine.block_pool import PagePool, page_positions
+from canvas.engine.heap import TRIMMER, Trimmer
 from canvas.model import DiffusionModel, KVCache
 
 DEFAULT_BLOCK = 64  # positions a block holds (smaller where the sliding window is too short for it)
@@ -71,10 +80,8 @@ class _Block:
     parent: int  # 0: the root (the block starts at position 0)
     start: int  # position of its first token
     tokens: tuple[int, ...]
-    k: list[Tensor]  # per layer (H, n, D)
-    v: list[Tensor]
-    nbytes: int
-    last: Tensor | None = None  # (V,) logits after its last token, when a prefill ended there
+    pages: list[int]  # its keys and values, `PagePool.page` positions a page
+    last: list[int] | None = None  # pages of the (V,) logits after its last token, when a prefill ended there
     children: set[int] = field(default_factory=set)
 
     @property
@@ -96,7 +103,8 @@ class PrefixCache:
     """The encoder caches of one model, reused by longest common prefix, within `budget_bytes` (0: keep nothing;
     every prefill encodes all its tokens)."""
 
-    def __init__(self, model: DiffusionModel, budget_bytes: int, *, block: int = DEFAULT_BLOCK) -> None:
+    def __init__(self, model: DiffusionModel, budget_bytes: int, *, block: int = DEFAULT_BLOCK,
+                 trimmer: Trimmer = TRIMMER) -> None:
         if budget_bytes < 0:
             raise ValueError(f"the context cache budget must be >= 0 bytes, got {budget_bytes}")
         if block < 1:
@@ -109,26 +117,30 @@ class PrefixCache:
         # piece ends at most `_piece` positions after the block boundary it starts from.
         self.block = max(1, min(block, keep))
         self._piece = (keep // self.block) * self.block
+        cfg = model.config
+        shapes = [(cfg.layer_kv_heads(i), cfg.layer_head_dim(i)) for i in range(cfg.num_hidden_layers)]
+        self.pool = PagePool(shapes, cfg.vocab_size, page_positions(self.block), budget_bytes, dtype=model.dtype,
+                             device=model.device)
+        self._trimmer = trimmer
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._index: dict[tuple[int, tuple[int, ...]], _Block] = {}
         self._blocks: OrderedDict[int, _Block] = OrderedDict()  # least recently used first
         self._root_children: set[int] = set()
-        self._bytes = 0
         self._lookups = self._reused = self._encoded = 0
 
     # ---- public API ------------------------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._bytes, self.budget_bytes, len(self._blocks), self._lookups, self._reused,
-                              self._encoded)
+            return CacheStats(self.pool.used * self.pool.page_bytes, self.budget_bytes, len(self._blocks),
+                              self._lookups, self._reused, self._encoded)
 
     def clear(self) -> None:
         with self._lock:
             self._index.clear()
             self._blocks.clear()
             self._root_children.clear()
-            self._bytes = 0
+            self.pool.reset()
 
     def held(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` a `prefill` of them would restore now instead of encoding (no copy, no
@@ -159,25 +171,29 @@ class PrefixCache:
             raise ValueError("prefill needs at least one token")
         if room < 0:
             raise ValueError(f"room must be >= 0, got {room}")
-        with self._lock:
+        try:
+            return self._prefill(toks, room, base, stop)
+        finally:  # what this prefill allocated and freed (restores, activations): see the module docstring
+            self._trimmer.maybe()
+
+    def _prefill(self, toks: tuple[int, ...], room: int, base: tuple[KVCache, Tensor] | None,
+                 stop: Callable[[], bool] | None) -> Prefill:
+        n = len(toks)
+        with self._lock:  # restored under the lock: an eviction meanwhile could hand the pages to another block
             self._lookups += 1
             path, m = self._match(toks)
-        last_block = path[-1][0] if path else None
-        if m == n and last_block is not None and path[-1][1] == len(last_block.tokens) and last_block.last is not None:
-            cache = self._restore(path, n, n + room)
-            with self._lock:
+            last_block = path[-1][0] if path else None
+            if (m == n and last_block is not None and path[-1][1] == len(last_block.tokens)
+                    and last_block.last is not None):
                 self._reused += n
-            return Prefill(cache, last_block.last.clone(), n)
-        p = min(m, n - 1)
-        if base is not None and base[0].length >= p:
-            cache = base[0]
-            p = cache.length
-            if cache.capacity < n + room:
-                cache = cache.grown(n + room)
-            cached = 0
-        else:
-            cache = self._restore(path, p, n + room)
-            cached = p
+                return Prefill(self._restore(path, n, n + room), self.pool.read_logits(last_block.last), n)
+            p = min(m, n - 1)
+            if base is not None and base[0].length >= p:
+                cache, p, cached = base[0], base[0].length, 0
+            else:
+                cache, cached = self._restore(path, p, n + room), p
+        if cache.capacity < n + room:  # a base with too little room (a restored cache has it)
+            cache = cache.grown(n + room)
         # Blocks are recorded from the block boundary at or before p, under the block that ends there.
         g = p - p % self.block
         parent: int | None = 0 if g == 0 else None
@@ -226,24 +242,20 @@ class PrefixCache:
         return path, i
 
     def _restore(self, path: list[tuple[_Block, int]], p: int, capacity: int) -> KVCache:
-        """A new single-row cache of `capacity` holding the first `p` positions of `path`."""
+        """A new single-row cache of `capacity` holding the first `p` positions of `path`. Under the lock."""
         model = self.model
         cache = model.new_cache(1, max(capacity, 1))
         if p == 0:
             return cache
         window = model.config.sliding_window - 1
         lo_sliding = max(0, p - window)
-        for b, _ in path:
-            if b.start >= p:
-                break
-            hi = min(b.end, p)
-            for lkv, bk, bv in zip(cache.layers, b.k, b.v, strict=True):
-                lo = max(b.start, lo_sliding) if lkv.sliding else b.start
-                if lo >= hi:
-                    continue
-                dst = lo - lo_sliding if lkv.sliding else lo  # sliding slots hold [p - n, p) in order
-                lkv.k[0, :, dst : dst + hi - lo] = bk[:, lo - b.start : hi - b.start]
-                lkv.v[0, :, dst : dst + hi - lo] = bv[:, lo - b.start : hi - b.start]
+        # Every block on the path but the last is whole, and blocks start on page boundaries: position x of the
+        # context is in page x // page of the path's pages in order.
+        pages = [pg for b, _ in path if b.start < p for pg in b.pages]
+        for i, lkv in enumerate(cache.layers):
+            lo = lo_sliding if lkv.sliding else 0  # sliding slots hold [p - n, p) in order
+            lkv.k[0, :, : p - lo] = self.pool.read(pages, i, False, lo, p)
+            lkv.v[0, :, : p - lo] = self.pool.read(pages, i, True, lo, p)
         cache.key_valid[:, :p] = True
         cache.length = p
         cache.row_length.fill_(p)
@@ -280,46 +292,48 @@ class PrefixCache:
         cache.unroll()
         B = self.block
         window = self.model.config.sliding_window - 1
-        made: list[tuple[int, tuple[int, ...], list[Tensor], list[Tensor]]] = []
+        P = self.pool.page
         s = g
-        while s < end and (end - s >= B or last is not None):
-            e = min(s + B, end)
-            ks, vs = [], []
-            for lkv in cache.layers:
-                off = end - min(end, window) if lkv.sliding else 0  # sliding slot j holds position off + j
-                ks.append(lkv.k[0, :, s - off : e - off].clone())
-                vs.append(lkv.v[0, :, s - off : e - off].clone())
-            made.append((s, toks[s:e], ks, vs))
-            s = e
         with self._lock:
-            for start, chunk, ks, vs in made:
+            while s < end and (end - s >= B or last is not None):
+                e = min(s + B, end)
                 if parent != 0 and parent not in self._blocks:
                     return None, s  # evicted while we encoded: nothing below it can be reached
-                key = (parent, chunk)
+                key = (parent, toks[s:e])
                 b = self._index.get(key)
                 if b is None:
-                    nbytes = sum(t.nbytes for t in ks) + sum(t.nbytes for t in vs)
-                    b = _Block(next(self._ids), parent, start, chunk, ks, vs, nbytes)
+                    pages = self._take(-(-(e - s) // P), parent)
+                    if pages is None:
+                        return None, s  # the budget holds less than this block
+                    for i, lkv in enumerate(cache.layers):
+                        off = end - min(end, window) if lkv.sliding else 0  # sliding slot j holds position off + j
+                        self.pool.write(pages, i, False, lkv.k[0, :, s - off : e - off])
+                        self.pool.write(pages, i, True, lkv.v[0, :, s - off : e - off])
+                    b = _Block(next(self._ids), parent, s, key[1], pages)
                     self._index[key] = b
                     self._blocks[b.id] = b
                     (self._root_children if parent == 0 else self._blocks[parent].children).add(b.id)
-                    self._bytes += nbytes
                 else:
                     self._blocks.move_to_end(b.id)
                 if last is not None and b.end == end and b.last is None:
-                    b.last = last.clone()
-                    self._bytes += b.last.nbytes
-                parent = b.id
-            self._evict()
-            alive = parent == 0 or parent in self._blocks
-        return (parent if alive else None), s
+                    got = self._take(self.pool.logit_pages, b.id)
+                    if got is not None:
+                        self.pool.write_logits(got, last)
+                        b.last = got
+                parent, s = b.id, e
+        return parent, s
 
-    def _evict(self) -> None:
-        """Drop least recently used childless blocks until the bytes fit the budget. Under the lock."""
-        while self._bytes > self.budget_bytes and self._blocks:
-            victim = next((b for b in self._blocks.values() if not b.children), None)
-            assert victim is not None  # a finite trie has a leaf
+    def _take(self, n: int, keep: int) -> list[int] | None:
+        """`n` free pages, evicting least recently used childless blocks (never `keep`, the block about to get a
+        child or its logits) until there are; None when even that leaves too few. Under the lock."""
+        while self.pool.free_pages < n:
+            victim = next((b for b in self._blocks.values() if not b.children and b.id != keep), None)
+            if victim is None:
+                return None
             del self._blocks[victim.id]
             del self._index[(victim.parent, victim.tokens)]
             (self._root_children if victim.parent == 0 else self._blocks[victim.parent].children).discard(victim.id)
-            self._bytes -= victim.nbytes + (victim.last.nbytes if victim.last is not None else 0)
+            self.pool.free(victim.pages)
+            if victim.last is not None:
+                self.pool.free(victim.last)
+        return self.pool.take(n)

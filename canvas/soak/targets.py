@@ -9,8 +9,8 @@ The violations it sorts come from `canvas.soak.checker`, whose messages name wha
 Flat means "did not grow by more than `FLAT`": a process whose RSS shrank (the postmaster after its shared buffers
 were paged out, the 60-minute soak's postgres:5453 at -20%) leaks nothing, and is reported with its figure, not as
 grown. An engine replica's RSS grows by design until its context cache (`canvas.engine.prefix_cache`, bounded by
-`dcanvas serve --context-cache-mb`, 512 MiB by default, plus the allocator's pages around it) is full, which with
-the soak's documents takes longer than a replica lives between `ray_kill`s (the 60-minute soak's replica:21581,
+`dcanvas serve --context-cache-mb`, 512 MiB by default: one arena of pages, `engine.block_pool`) is full, which
+with the soak's documents takes longer than a replica lives between `ray_kill`s (the 60-minute soak's replica:21581,
 +12% at 822 s, never reached its plateau; replica:4828, 1494 s, was at -1.5%). So a replica that posts its cache's
 fill (`context_cache_mib`) is judged from the later of its warm-up's end and the time its cache was first
 `CACHE_FULL` of its budget (`judged_from`); one whose cache never filled is not judged (`judged: false`, with

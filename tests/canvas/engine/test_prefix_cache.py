@@ -120,6 +120,25 @@ def test_stays_within_budget_with_twenty_documents(model: DiffusionModel) -> Non
     torch.testing.assert_close(got.last, fresh(model, toks)[0], atol=TOL, rtol=TOL)
 
 
+def test_a_short_leaf_costs_its_pages_and_the_arena_stays_put_with_twenty_documents(model: DiffusionModel) -> None:
+    pc = PrefixCache(model, 64 << 20, block=12)  # pages of 6 positions
+    pool = pc.pool
+    assert pool.page == 6
+    pc.prefill(doc(0, 15))  # one whole block (2 pages) and a leaf of 3 positions (1 page), with its logits
+    assert pc.stats().bytes == (3 + pool.logit_pages) * pool.page_bytes
+    budget = 12 * pool.page_bytes + 3 * pool.logit_pages * pool.page_bytes
+    pc = PrefixCache(model, budget, block=12)
+    pc.prefill(doc(1, 40))
+    arena = pc.pool._arena
+    assert arena is not None and pc.pool.pages * pc.pool.page_bytes <= budget
+    for i in range(20):  # twenty documents open, edited at their ends, each past the budget's room
+        toks = doc(200 + i % 7, 40 + i)
+        got = pc.prefill(toks)
+        assert pc.stats().bytes <= budget and pc.pool._arena is arena
+        torch.testing.assert_close(got.last, fresh(model, toks)[0], atol=TOL, rtol=TOL)
+    assert pc.prefill(toks).cached == len(toks)
+
+
 def test_zero_budget_keeps_nothing(model: DiffusionModel) -> None:
     pc = PrefixCache(model, 0, block=4)
     toks = doc(4, 30)
