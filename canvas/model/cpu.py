@@ -2,7 +2,8 @@
 
 Owns `cpu_features` (the flags of /proc/cpuinfo that decide the dtype), `cpu_kind`, `bf16_probe` (a one-off
 matmul timing, cached per process), `resolve_dtype` (with `parameter_count` for its small-model rule),
-`usable_cores` / `configure_threads`, and `configure_allocator` (glibc keeps large freed blocks for reuse).
+`usable_cores` / `configure_threads`, `release_openmp_pool` (one OpenMP team for the engine's thread), and
+`configure_allocator` (glibc keeps large freed blocks for reuse).
 
 Rule for `dtype="auto"` (nothing is assumed, everything is read or measured):
 - bf16 only on a CPU with native bf16 matmuls (AMX `amx_bf16`, x86 `avx512_bf16`, Arm `bf16`) *and* where the probe
@@ -203,6 +204,40 @@ def usable_cores() -> int:
     cores = len({_core_of(c) for c in cpus})
     limit = _cgroup_cpu_limit()
     return max(1, min(cores, limit) if limit is not None else cores)
+
+
+def release_openmp_pool() -> bool:
+    """Free the calling thread's OpenMP worker pool (libgomp's `omp_pause_resource_all`), so that the next thread to
+    run torch's parallel ops owns the only team. Returns whether a libgomp pool could be released (False where torch
+    runs no libgomp: another OpenMP runtime, or not Linux).
+
+    Why: libgomp counts every worker of every thread's team, and once they outnumber the CPUs it stops spinning in its
+    barriers (100 spins, then a futex sleep and wake-up per parallel region). A server loads its model on one thread
+    and steps it on another, so with 2 threads on 2 cores both teams live and every one of a decode step's hundreds of
+    parallel regions pays a sleep and a wake: 17-24 ms an AR step against 12-16 ms with one team (the EPYC, the
+    default build, a 257-token context, the process at real-time priority to stand in for an idle machine; issue 52).
+    A thread that runs torch again after this gets a new pool (correct, only slower: both teams live again).
+    The price of spinning: where other processes oversubscribe the cores, a thread spinning at a barrier waits out
+    the time slices of a worker that is not running, as llama.cpp's threads do (the same A/B with a load average of
+    6-8: 37-56 ms a step throttled, 143-420 ms spinning)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]), None)
+    except OSError:
+        return False
+    if path is None:
+        return False
+    import ctypes
+
+    try:
+        pause = ctypes.CDLL(path).omp_pause_resource_all  # OpenMP 5.0 (GCC >= 9)
+    except (OSError, AttributeError):
+        return False
+    pause.restype, pause.argtypes = ctypes.c_int, [ctypes.c_int]
+    return pause(_OMP_PAUSE_SOFT) == 0
+
+
+_OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: soft pause frees the threads, keeps nothing the next region needs
 
 
 def configure_threads(threads: int | None = None) -> int:

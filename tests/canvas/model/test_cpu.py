@@ -163,3 +163,38 @@ def test_load_backend_loads_in_the_chosen_dtype(tmp_path: Path, monkeypatch: pyt
     handle = engine.submit(GenRequest(backend.context((5, 6, 7)), config=SamplerConfig(max_steps=3, seed=0)))
     engine.run_until_idle()
     assert handle.wait(0).status == "completed"
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libgomp" in line.rsplit("/", 1)[-1] for line in maps)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _libgomp_loaded(), reason="torch runs no libgomp here")
+def test_release_openmp_pool_frees_the_callers_workers_and_torch_still_computes() -> None:
+    import threading
+    import time
+
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(512, 512)
+        expected = x @ x  # a parallel region: this thread's pool now holds a worker
+        tasks = len(os.listdir("/proc/self/task"))
+        assert cpu.release_openmp_pool()
+        for _ in range(100):  # the workers leave asynchronously
+            if len(os.listdir("/proc/self/task")) < tasks:
+                break
+            time.sleep(0.01)
+        assert len(os.listdir("/proc/self/task")) < tasks
+        got: list[torch.Tensor] = []
+        worker = threading.Thread(target=lambda: got.append(x @ x))  # the engine's thread: a team of its own
+        worker.start()
+        worker.join()
+        torch.testing.assert_close(got[0], expected)
+        torch.testing.assert_close(x @ x, expected)  # and the caller gets a new pool when it runs torch again
+    finally:
+        torch.set_num_threads(before_threads)
