@@ -219,7 +219,8 @@ def release_openmp_pool() -> bool:
     A thread that runs torch again after this gets a new pool (correct, only slower: both teams live again).
     The price of spinning: where other processes oversubscribe the cores, a thread spinning at a barrier waits out
     the time slices of a worker that is not running, as llama.cpp's threads do (the same A/B with a load average of
-    6-8: 37-56 ms a step throttled, 143-420 ms spinning)."""
+    6-8: 37-56 ms a step throttled, 143-420 ms spinning); so `dcanvas` caps the spin at 1,000 rounds before a
+    barrier sleeps (`canvas.cli.GOMP_SPINCOUNT`, with its measurements), which keeps both speeds."""
     try:
         with open("/proc/self/maps") as maps:
             path = next((line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]), None)

@@ -125,3 +125,17 @@ def test_generate_stops_at_a_budget_shorter_than_a_canvas(tiny_dir: Path, mode: 
         assert doc["forwards"] <= 3 and doc["steps"] <= 4, doc  # a whole canvas would take 16
     else:
         assert doc["tokens_per_forward"] <= 3 / doc["forwards"] + 1e-6, doc  # only 3 slots were generated
+
+
+@pytest.mark.parametrize("user", [None, "50"])
+def test_the_cli_sets_openmp_spinning_before_torch_loads_and_a_users_value_wins(user: str | None) -> None:
+    code = ("import os, sys, contextlib, io\nfrom canvas import cli\n"
+            "assert 'torch' not in sys.modules\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    cli.main([])\n"
+            "print(os.environ['GOMP_SPINCOUNT'])")
+    env = {"TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin:/bin", **({"GOMP_SPINCOUNT": user} if user else {})}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    from canvas.cli import GOMP_SPINCOUNT
+
+    assert out.stdout.strip() == (user or GOMP_SPINCOUNT)
