@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from canvas.bench.common import machine
+from canvas.env import TOKEN
 
 PROBES = Path(__file__).resolve().parents[1] / "convert" / "probes.jsonl"
 PROSE = ("news", "fiction")  # held out: written for the probe set, never in the training data
@@ -184,32 +185,39 @@ def summary(answers: dict[str, list[Answer]], tokens: int) -> dict[str, Any]:
 
 
 class Server:
-    """A server process this bench started (its log in `log`), stopped by `close`."""
+    """A server process started here, its output in the file `log`: ready once `GET /health` answers 200
+    (`wait_ready`), stopped by `close` (SIGTERM, SIGKILL after 20 s). The bench starts both of its servers so, and the
+    end-to-end tests their `dcanvas serve` (tests/web, tests/canvas/server/http)."""
 
-    def __init__(self, name: str, cmd: list[str], url: str, log: Path, env: dict[str, str] | None = None) -> None:
-        self.name, self.cmd, self.url, self.log = name, cmd, url, log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    def __init__(self, name: str, cmd: list[str], url: str, log: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.name, self.cmd, self.url, self.log = name, cmd, url.rstrip("/"), log
+        with log.open("wb") as out:  # the child keeps its own descriptor of the file
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
-    def wait_ready(self, timeout: float) -> None:
-        """Until `GET /health` answers 200 (llama-server answers 503 while it loads); raises if the process ends or
-        the time runs out."""
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        """Until `GET /health` answers 200 (llama-server answers 503 while it loads); returns its JSON object ({}
+        where it sends none). Raises, the process stopped, if it ends or the time runs out."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
+                self.close()
                 raise HttpBenchError(f"{self.name} exited {self.proc.returncode} while starting: {self.tail()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                     if r.status == 200:
-                        return
-            except (OSError, ValueError):
+                        health = json.loads(r.read() or b"{}")
+                        return health if isinstance(health, dict) else {}
+            except (OSError, ValueError):  # not listening yet, 503 (an HTTPError), or a body that is not JSON
                 pass
-            time.sleep(0.5)
+            time.sleep(0.2)
+        self.close()
         raise HttpBenchError(f"{self.name} did not answer /health within {timeout:.0f} s: {self.tail()}")
 
-    def tail(self) -> str:
+    def tail(self, chars: int = 600) -> str:
+        """The last `chars` characters of its output."""
         try:
-            return self.log.read_text(errors="replace")[-600:]
+            return self.log.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
 
@@ -223,9 +231,12 @@ class Server:
                 self.proc.wait()
 
 
-def ours_command(model: Path, port: int, threads: int, db: Path) -> list[str]:
-    return [sys.executable, "-m", "canvas.cli", "serve", "--model", str(model), "--port", str(port),
-            "--threads", str(threads), "--db", str(db), "--log-level", "warning"]
+def ours_command(model: Path, port: int, db: Path, *, threads: int | None = None,
+                 token: str | None = None) -> list[str]:
+    """`dcanvas serve` of `model` on loopback `port` with its store in `db`, quiet but for warnings."""
+    return [sys.executable, "-m", "canvas.cli", "serve", "--model", str(model), "--port", str(port), "--db", str(db),
+            "--log-level", "warning", *(["--threads", str(threads)] if threads else []),
+            *(["--token", token] if token is not None else [])]
 
 
 def llama_command(binary: Path, gguf: Path, port: int, threads: int) -> list[str]:
@@ -265,11 +276,11 @@ def run(args: argparse.Namespace) -> int:
         texts = prompts(model / "tokenizer.json", prose(args.text), args.prompt, args.runs + 1)
         with tempfile.TemporaryDirectory(prefix="dcanvas-bench-http-") as tmp:
             urls = {"ours": args.ours_url, "llama": args.llama_url}
-            env = {k: v for k, v in os.environ.items() if k != "DCANVAS_TOKEN"}  # our server on loopback, no token
+            env = {k: v for k, v in os.environ.items() if k != TOKEN.name}  # our server on loopback, no token
             if urls["ours"] is None:
                 urls["ours"] = url = f"http://127.0.0.1:{args.port}"
-                servers.append(Server("dcanvas serve", ours_command(model, args.port, args.threads,
-                                                                   Path(tmp) / "docs.db"), url,
+                servers.append(Server("dcanvas serve", ours_command(model, args.port, Path(tmp) / "docs.db",
+                                                                   threads=args.threads), url,
                                       Path(tmp) / "ours.log", env))
             if urls["llama"] is None:
                 if not args.llama_server.is_file():
@@ -320,7 +331,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "(default 8790)")
     parser.add_argument("--ours-url", default=None, help="a running dcanvas server instead of starting one")
     parser.add_argument("--llama-url", default=None, help="a running llama-server instead of starting one")
-    parser.add_argument("--token", default=os.environ.get("DCANVAS_TOKEN"), help="bearer token for --ours-url")
+    parser.add_argument("--token", default=TOKEN.get(), help="bearer token for --ours-url")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds a server may take to load")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for one answer")
     parser.set_defaults(func=run)

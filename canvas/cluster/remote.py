@@ -185,7 +185,7 @@ class RemoteAdmission:
                     if isinstance(ev, Done):
                         done = ev
                         break
-                    handle._emit(ev)
+                    handle.emit(ev)
                 if done is not None:
                     break
             if done is None:
@@ -205,7 +205,7 @@ class RemoteAdmission:
         finally:
             self._pumps.pop(handle, None)
             if done is not None:
-                handle._emit(done)
+                handle.emit(done)
 
     async def _watch(self) -> None:
         """While streams are open: every second, end the generations whose stream and replica both went silent

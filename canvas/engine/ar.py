@@ -201,6 +201,10 @@ class ARWalk:
         self._breaks = sorted(lines.breaks) if lines is not None else []
         self.prefix = prefix  # the engine's context cache: fed pinned runs and FIM prompts start from it
         self.cached = 0  # tokens of fed pinned runs taken from `prefix` instead of encoded
+        # The FIM prompts' prefills (every FIM gap's, summed): their tokens, how many of them `prefix` restored
+        # instead of encoding, and the seconds the prefills took (the prompt a llama.cpp client's `timings` mean).
+        self.fim_tokens = self.fim_cached = 0
+        self.fim_s = 0.0
         self.fim_order = fim_order
         self.canvas, self.argmax, self.pinned, self.used = canvas, argmax, pinned, used
         self.generator, self.keep_context, self.room = generator, keep_context, room
@@ -368,14 +372,18 @@ class ARWalk:
             h = heal_split(left, *self.word_edges) if self.word_edges is not None and not lead else 0
             prompt = fim_prompt(self.fim, left[: len(left) - h], right[:_FIM_RIGHT].tolist(), self.fim_order)
             prompt += left[len(left) - h :]
+            t0 = time.perf_counter()
             if self.prefix is not None:  # as far as an earlier prompt shares it (the same gap a keystroke ago)
                 pf = self.prefix.prefill(prompt, g)
                 self.fim_cache, first = pf.cache, pf.last
+                self.fim_cached += pf.cached
             else:
                 self.fim_cache = self.model.new_cache(1, len(prompt) + g)
                 out, _ = self.model.encode(torch.tensor([prompt], device=dev), cache=self.fim_cache, logits="last")
                 assert out is not None
                 first = out[0, -1]
+            self.fim_s += time.perf_counter() - t0
+            self.fim_tokens += len(prompt)
             self.forwards += 1
         else:  # drafted in the plain frame: from the logits after the context (encoded now if it was deferred)
             first = self.plain()[1]
@@ -409,14 +417,16 @@ class ARWalk:
         """Each lane's tokens it may not write next: the scored draft's `_banned`, and the tokens that would repeat
         an `ar_no_repeat`-gram the lane already wrote (every draft, continuations too: a 270M base loops at any
         temperature we use), and, under `ar_first_newline` False, the line breaks while the lane's draft is blank (an
-        editor's suggestion never opens with an empty line, and no draft spends its budget on one)."""
+        editor's suggestion never opens with an empty line, and no draft spends its budget on one), and in the FIM
+        frame `<|fim_end|>` then too (nor is it only the spaces before one: its first line holds text)."""
         common = self._banned() if self.scored else []
         bans = [list(common) for _ in range(self.lanes)]
         if not self.cfg.ar_first_newline and self.lines is not None and self._breaks:
             blanks = self.lines.blanks
+            blank = [*self._breaks, *([self.fim.end] if self.fim is not None and self.fim_cache is not None else [])]
             for k, row in enumerate(self.tokens[:, : self.n].tolist()):
                 if all(t in blanks for t in row):
-                    bans[k] += self._breaks
+                    bans[k] += blank
         n = self.cfg.ar_no_repeat
         if n and self.n >= n - 1:
             heads = self.tokens[:, self.n - n + 1 : self.n].tolist()

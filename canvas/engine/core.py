@@ -1,26 +1,26 @@
 """The generation engine: many canvases refined together, joined and retired between steps.
 
-Owns the running generations. A request (`GenRequest`) carries token ids only — the context before the canvas,
-the canvas slots with their pins, the sampler settings — so the engine knows nothing of documents or text.
-Each `step()` admits waiting requests, runs ONE batched decoder forward over every diffusion row (their caches
-stacked, right-padded and masked, each row at its own step of its own temperature schedule; the canvas is cut to
-the longest prefix of slots any row uses, so a short infill window costs a short forward), then samples,
-accepts and renoises per row with the row's own random stream, so a request's tokens do not depend on what it was
-batched with. The vocabulary-sized work (LM head, sampler, self-conditioning soft embeddings) runs only for the
-slots that read it: free slots, plus pinned ones while the model's self-conditioning is live (their next signal).
-`<null>` (a gap's unused slot) is never sampled after the last pinned slot, where no gap can close, nor in the head
-of a gap that the sampler's `gap_min_fill` reserves for text. A gap denoiser trained with the shifted head
-(`Engine(logit_shift=True)`) has every diffusion slot read from the hidden state before it, slot 0 from the context's
-last position (`canvas.engine.decoder_weights.denoise_logits`), for the sampled slots and the self-conditioning alike.
-AR rows (`canvas.engine.ar`) walk their canvas left to right; every drafting lane of every AR row (an infill's K
-drafts, several users' fills) advances one token per step in ONE batched encoder forward, and a gap with text after
-it is filled by the draft and ending whose seam reads best. Rows stop individually; cancellation is
-honoured between steps, and between the pieces of a long context's encode. A request's context is restored from the
-engine's `PrefixCache` as far as an earlier context shares its tokens (the longest common prefix: an editor's
-next keystroke re-encodes only what it changed), shared by every route into the engine, bounded in bytes. An AR
-infill whose first gap drafts in the FIM frame defers its context (`lazy_context`): its drafts read only the FIM
-prompt, so the context is encoded (through the same cache) only when the seam's scoring reads it, and never when a
-client's deadline takes a draft first; meanwhile it reports as cached what the cache holds of it.
+Owns the running generations. A request (`GenRequest`) carries token ids only — the context before the canvas, the
+canvas slots with their pins, the sampler settings — so the engine knows nothing of documents or text. Each `step()`
+admits waiting requests, runs ONE batched decoder forward over every diffusion row (their caches stacked, right-padded
+and masked, each row at its own step of its own temperature schedule; the canvas is cut to the longest prefix of slots
+any row uses, so a short infill window costs a short forward), then samples, accepts and renoises per row with the
+row's own random stream, so a request's tokens do not depend on what it was batched with (a row's own state, its
+step's draw and the events it reports: `canvas.engine.rows.Row`). The vocabulary-sized work (LM head, sampler,
+self-conditioning soft embeddings) runs only for the slots that read it: free slots, plus pinned ones while the
+model's self-conditioning is live (their next signal). `<null>` (a gap's unused slot) is never sampled after the last
+pinned slot, where no gap can close, nor in the head of a gap that the sampler's `gap_min_fill` reserves for text. A
+gap denoiser trained with the shifted head (`Engine(logit_shift=True)`) has every diffusion slot read from the hidden
+state before it, slot 0 from the context's last position (`canvas.engine.decoder_weights.denoise_logits`), for the
+sampled slots and the self-conditioning alike. AR rows (`canvas.engine.ar`) walk their canvas left to right; every
+drafting lane of every AR row (an infill's K drafts, several users' fills) advances one token per step in ONE batched
+encoder forward, and a gap with text after it is filled by the draft and ending whose seam reads best. Rows stop
+individually; cancellation is honoured between steps, and between the pieces of a long context's encode. A request's
+context is restored from the engine's `PrefixCache` as far as an earlier context shares its tokens (the longest common
+prefix: an editor's next keystroke re-encodes only what it changed), shared by every route into the engine, bounded in
+bytes. An AR infill whose first gap drafts in the FIM frame defers its context (`lazy_context`): its drafts read only
+the FIM prompt, so the context is encoded (through the same cache) only when the seam's scoring reads it, and never
+when a client's deadline takes a draft first; meanwhile it reports as cached what the cache holds of it.
 
 Requests wait for a row in a `canvas.engine.scheduling.FairQueue`: one lane per `owner`, rows handed out round-robin
 across owners, and a cancelled request leaves the queue at once (its `Done` is sent by `cancel()` itself). `submit`
@@ -39,7 +39,6 @@ Run it synchronously with `run_until_idle()` or in a background thread with `sta
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -51,96 +50,18 @@ from canvas.convert.fim import FimTokens, Order, WordEdges
 from canvas.engine.ar import DEFAULT_FIM_ORDER, ARBatch, ARWalk, LineTokens
 from canvas.engine.decoder_weights import denoise_logits
 from canvas.engine.prefix_cache import DEFAULT_CONTEXT_CACHE_MB, MB, PrefillCancelled, PrefixCache
+from canvas.engine.rows import Row
 from canvas.engine.scheduling import EngineLoad, FairQueue, LoadStats, Placement
-from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status, Writer, cancelled_done
+from canvas.engine.types import Done, Event, Frame, GenHandle, GenRequest, Status
 from canvas.model import DiffusionModel, KVCache
 from canvas.model.cpu import release_openmp_pool
 from canvas.sampling.modes import request_kind
-from canvas.sampling.sampler import (
-    GumbelNoise,
-    NoiseSource,
-    SamplerConfig,
-    StoppingState,
-    select_accepted,
-    step_stats_at,
-)
+from canvas.sampling.sampler import GumbelNoise, NoiseSource, SamplerConfig
 
 # The request, event and handle types live in canvas.engine.types; importing them from here still works.
 __all__ = ["Done", "Engine", "Event", "Frame", "GenHandle", "GenRequest", "Status"]
 
 _BANNED_LOGIT = -1e4  # a processed logit that exp() turns into an exact 0 probability
-
-
-class _Row:
-    """One running generation inside the engine."""
-
-    def __init__(self, handle: GenHandle, req: GenRequest, cache: KVCache | None, last_logits: Tensor | None, L: int,
-                 V: int, device: torch.device, noise: NoiseSource) -> None:
-        # cache None: a FIM infill whose context is encoded only when read (its AR walk does it, `Engine.lazy_context`)
-        self.handle, self.req, self.cfg, self.cache, self.V = handle, req, req.config, cache, V
-        self.last_logits = last_logits  # (V,) AR next-token logits after the context (None with the cache)
-        n = len(req.slot_ids)
-        self.used = n or L  # slots in use: always a prefix of the canvas
-        self.valid = torch.arange(L, device=device) < self.used
-        self.pinned = torch.zeros(L, dtype=torch.bool, device=device)
-        self.pinned[:n] = torch.tensor(req.pinned, dtype=torch.bool)
-        self.pinned_ids = torch.zeros(L, dtype=torch.long, device=device)
-        self.pinned_ids[:n] = torch.tensor(req.slot_ids, dtype=torch.long)
-        self.noise = noise
-        self.no_null = self.null_banned()  # (L,) pins never change, so neither does this
-        self.canvases: list[tuple[int, ...]] = []
-        self.steps = self.forwards = self.generated = 0
-        self.t0 = self.admitted = time.perf_counter()  # admitted: when it left the queue (the engine sets it)
-        self.cached_tokens = 0  # context tokens whose encoder cache was reused (the engine sets it)
-        self.prompt_s = 0.0  # seconds spent encoding the context (the engine sets it)
-        self.encoded = 0  # context tokens encoded at admission (a deferred context: none)
-        self.deferred = cache is None  # until its walk has encoded the context and the row has taken its figures
-        # Until its first frame (`LoadStats.add_first_frame`): its own slots per step (an AR row's lanes), summed,
-        # and whether no other row ran beside it.
-        self.slot_steps = 0
-        self.alone = True
-        self.new_canvas(L, device)
-
-    def new_canvas(self, L: int, device: torch.device) -> None:
-        noise = self.noise.uniform_tokens((1, L), self.V, device)[0]
-        self.canvas = torch.where(self.pinned, self.pinned_ids, noise)
-        self.argmax = self.canvas.clone()
-        self.soft: Tensor | None = None  # (used, M) last step's soft embeddings, while self-conditioning is live
-        self.free_pos = self.free.nonzero().squeeze(1)  # (k,) the slots sampled each step, ascending
-        self.pinned_pos = (self.pinned & self.valid).nonzero().squeeze(1)  # (p,) used pinned slots
-        self.remaining = self.cfg.max_steps
-        self.step_in_canvas = 0
-        self.stopping = StoppingState(self.cfg.stability_threshold, self.cfg.confidence_threshold, 1, self.used, device)
-        self.ar: ARWalk | None = None  # AR mode: this canvas's walk (the engine starts it)
-        self.seam_filled = False  # AR mode: some gap was filled by scored drafts
-
-    @property
-    def free(self) -> Tensor:
-        return ~self.pinned & self.valid
-
-    def context(self) -> tuple[KVCache, Tensor]:
-        """The context's cache and the logits after it: every row but a deferred AR infill has them from admission."""
-        assert self.cache is not None and self.last_logits is not None
-        return self.cache, self.last_logits
-
-    def null_banned(self) -> Tensor:
-        """(L,) bool: free slots where `<null>` (a gap's unused slot) may not be sampled. After the last pin it has no
-        meaning: no pinned text follows to close a gap, and training puts nulls only inside gaps. Inside a gap (a run
-        of free slots with a pin after it) training puts the nulls after the infill, in at most `1 - gap_min_fill`
-        of the gap, so the gap's head holds text."""
-        after_last_pin = torch.cumsum(self.pinned.flip(0).long(), 0).flip(0) == 0  # no pin at or after the slot
-        banned = self.free & after_last_pin
-        if self.cfg.gap_min_fill > 0:
-            free = self.free.tolist()
-            start = None
-            for i, f in enumerate(free + [False]):
-                if f and start is None:
-                    start = i
-                elif not f and start is not None:
-                    if i < self.used and bool(self.pinned[i]):  # a gap: closed by a pin
-                        banned[start : start + math.ceil(self.cfg.gap_min_fill * (i - start))] = True
-                    start = None
-        return banned
 
 
 class Engine:
@@ -181,7 +102,7 @@ class Engine:
         self._row_cap = max_batch  # rows run side by side now; admission control may lower it (`set_row_cap`)
         self.stats = LoadStats()  # updated on the engine's thread under the lock
         self._progress: tuple[tuple[int, int], ...] = ()  # (steps run, most left) per row, after the last step
-        self._rows: list[_Row] = []
+        self._rows: list[Row] = []
         self._stacked: tuple[tuple[tuple[int, int], ...], KVCache] | None = None
         if context_cache_mb < 0:
             raise ValueError(f"context_cache_mb must be >= 0, got {context_cache_mb}")
@@ -234,8 +155,7 @@ class Engine:
             handle.position = self._pending.push(lane, handle)
             self._wake.notify()
         if replaced and replacing is not None:
-            replacing._cancel.set()
-            replacing._emit(cancelled_done(replacing))
+            replacing.end_cancelled()
         return handle
 
     def load(self) -> EngineLoad:
@@ -260,7 +180,7 @@ class Engine:
         with self._lock:
             removed = self._pending.remove(handle)
         if removed:
-            handle._emit(cancelled_done(handle))
+            handle.end_cancelled()
 
     def busy(self) -> bool:
         with self._lock:
@@ -308,9 +228,7 @@ class Engine:
             self._finish(row, "cancelled")
         self._admit()
         for row in self._rows:  # what a first frame is measured against (`_first_frame`)
-            if row.handle.frames == 0:
-                row.slot_steps += row.used if row.cfg.mode == "diffusion" or row.ar is None else max(1, row.ar.rows)
-                row.alone &= len(self._rows) == 1
+            row.count_step(alone=len(self._rows) == 1)
         diffusion = [r for r in self._rows if r.cfg.mode == "diffusion"]
         if diffusion:
             try:
@@ -328,19 +246,12 @@ class Engine:
                     self._finish(row, "failed", error=f"{type(e).__name__}: {e}")
         elif self._ar.cache is not None:
             self._ar.clear()  # the last AR row left (cancelled): free its lanes' cache
-        rows = tuple((r.steps, self._left(r)) for r in self._rows)
+        rows = tuple((r.steps, r.left(self.L)) for r in self._rows)
         with self._lock:
             if diffusion or self._rows:
                 self.stats.step_s.add(time.perf_counter() - t0)
             self._progress = rows
             return bool(self._pending or self._rows)
-
-    def _left(self, row: _Row) -> int:
-        """The most steps `row` may still run: its step budget (AR: a step a token), later canvases included."""
-        later = row.req.n_canvases - len(row.canvases) - 1
-        if row.cfg.mode == "ar":
-            return row.used - (row.ar.pos if row.ar is not None else 0) + later * self.L
-        return row.remaining + later * row.cfg.max_steps
 
     def _admit(self) -> None:
         while len(self._rows) < self._row_cap:
@@ -353,21 +264,21 @@ class Engine:
             assert req is not None
             if handle.cancelled:  # cancelled while being popped: cancel() found it gone from the queue
                 self._release()
-                handle._emit(cancelled_done(handle))
+                handle.end_cancelled()
                 continue
             t0 = time.perf_counter()
             try:
                 cache, last, cached = self._context(req, handle)
                 prompt_s = time.perf_counter() - t0
-                row = _Row(handle, req, cache, last, self.L, self.model.config.vocab_size, self.model.device,
+                row = Row(handle, req, cache, last, self.L, self.model.config.vocab_size, self.model.device,
                            self._noise_factory(req.config))
             except PrefillCancelled:  # cancelled while its context was encoded (between two pieces)
                 self._release()
-                handle._emit(cancelled_done(handle))
+                handle.end_cancelled()
                 continue
             except Exception as e:
                 self._release()
-                handle._emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
+                handle.emit(Done(handle.id, "failed", (), 0, 0, 0, 0.0, error=f"{type(e).__name__}: {e}"))
                 continue
             row.admitted, row.cached_tokens, row.prompt_s = t0, cached, prompt_s
             row.encoded = 0 if cache is None else len(req.context_ids) - cached
@@ -405,7 +316,7 @@ class Engine:
         first_free = next((i for i, p in enumerate(req.pinned) if not p), None)
         return first_free is not None and request_kind(req.pinned[first_free:]) == "infill"
 
-    def _diffusion_step(self, rows: list[_Row]) -> None:
+    def _diffusion_step(self, rows: list[Row]) -> None:
         model, L = self.model, self.L
         caches = [r.context()[0] for r in rows]
         key = tuple((id(c), c.length) for c in caches)
@@ -453,42 +364,18 @@ class Engine:
             processed[:, null_id].masked_fill_(banned, _BANNED_LOGIT)
         new_soft = model.soft_embeddings(processed) if live_sc else None  # (K, M): next step's self-conditioning
         self.forward_s += time.perf_counter() - t0
-        V = model.config.vocab_size
         off = 0
-        for b, row in enumerate(rows):
-            # Everything per row runs over the row's own slots, so its random streams (and tokens) do not depend on
-            # what it was batched with.
-            m, (n_free, n_pin) = row.used, sizes[b]
-            stats = step_stats_at(processed[off : off + n_free], row.free_pos, m, row.noise)  # (1, m)
-            free = row.free[None, :m]
-            pinned, pinned_ids = row.pinned[:m], row.pinned_ids[:m]
-            accepted = select_accepted(stats.entropy, free, row.cfg.entropy_bound)[0]  # (m,)
-            renoise = row.noise.uniform_tokens((1, m), V, model.device)[0]
-            row.canvas[:m] = torch.where(pinned, pinned_ids, torch.where(accepted, stats.sample[0], renoise))
-            row.argmax[:m] = torch.where(pinned, pinned_ids, stats.argmax[0])
-            if new_soft is not None:
-                row.soft = new_soft.new_empty(m, new_soft.shape[1])
-                row.soft[torch.cat([row.free_pos, row.pinned_pos])] = new_soft[off : off + n_free + n_pin]
+        for row, (n_free, n_pin) in zip(rows, sizes, strict=True):  # each over its own slots, with its own noise
+            soft_b = None if new_soft is None else new_soft[off : off + n_free + n_pin]
+            stop, frame = row.diffusion_update(processed[off : off + n_free], soft_b, L)
             off += n_free + n_pin
-            row.remaining -= 1
-            row.step_in_canvas += 1
-            row.steps += 1
-            row.forwards += 1
-            stop = bool(row.stopping.update(row.argmax[None, :m], stats.entropy, free)[0]) or row.remaining == 0
-            if stop or row.step_in_canvas % row.req.stream_every == 0:
-                entropy = torch.zeros(L, device=model.device)
-                entropy[:m] = stats.entropy[0]  # 0 on pinned slots: never sampled
-                accepted_all = torch.zeros(L, dtype=torch.bool, device=model.device)
-                accepted_all[:m] = accepted
+            if frame is not None:
                 self._first_frame(row)
-                row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, row.cfg.max_steps,
-                                       tuple(row.argmax.tolist()), tuple(accepted_all.tolist()),
-                                       tuple(entropy.tolist()), time.perf_counter() - row.t0,
-                                       cached_tokens=row.cached_tokens, prompt_s=row.prompt_s))
+                row.handle.emit(frame)
             if stop:
                 self._commit(row)
 
-    def _ar_step(self, rows: list[_Row]) -> None:
+    def _ar_step(self, rows: list[Row]) -> None:
         """Advance every AR row's walk; ONE batched encoder forward steps all their drafting lanes."""
         for row in rows:
             row.steps += 1
@@ -523,7 +410,7 @@ class Engine:
             except PrefillCancelled:
                 self._finish(row, "cancelled")
 
-    def _ar_advance(self, row: _Row, stepped: bool = False) -> None:
+    def _ar_advance(self, row: Row, stepped: bool = False) -> None:
         """Start `row`'s walk if needed and walk it to its next gap; commit its canvas when the walk is over.
         `stepped`: its gap just ended in the batched forward (a frame shows the chosen fill)."""
         if row.ar is None:
@@ -549,35 +436,14 @@ class Engine:
         elif stepped:
             self._ar_frame(row)
 
-    def _context_read(self, row: _Row) -> None:
-        """A deferred context its walk has encoded since: what it took replaces the admission's lookup in what
-        frames and `Done` report (`cached_tokens`: the tokens the cache restored; `prompt_s` gains the encode)."""
-        walk = row.ar
-        if row.deferred and walk is not None and walk.context_cached is not None:
-            row.deferred = False
-            row.cached_tokens = walk.context_cached
-            row.prompt_s += walk.context_s
-            row.forwards += walk.context_forwards  # the pinned runs fed after it, as an eager walk counts them
-
-    def _ar_frame(self, row: _Row, last: bool = False) -> None:
-        self._context_read(row)
+    def _ar_frame(self, row: Row, last: bool = False) -> None:
+        row.read_context()
         if not (last or row.step_in_canvas % row.req.stream_every == 0):
             return
-        accepted = torch.zeros(self.L, dtype=torch.bool)
-        if row.ar is not None:
-            a, b = row.ar.touched
-            accepted[a:b] = True
-            written = row.ar.written()
-        else:
-            written = row.pinned & row.valid
         self._first_frame(row)
-        row.handle._emit(Frame(row.handle.id, len(row.canvases), row.step_in_canvas, self.L,
-                               tuple(row.argmax.tolist()), tuple(accepted.tolist()), (0.0,) * self.L,
-                               time.perf_counter() - row.t0, None if row.ar is None else row.ar.drafts(),
-                               written=tuple(written.tolist()), cached_tokens=row.cached_tokens,
-                               prompt_s=row.prompt_s))
+        row.handle.emit(row.ar_frame(self.L))
 
-    def _commit(self, row: _Row, encoded: bool = False) -> None:
+    def _commit(self, row: Row, encoded: bool = False) -> None:
         committed = row.argmax.tolist()
         if row.cfg.mode == "diffusion":
             row.generated += int(row.free.sum())
@@ -606,20 +472,16 @@ class Engine:
         row.valid.fill_(True)
         row.new_canvas(self.L, self.model.device)
 
-    def _first_frame(self, row: _Row) -> None:
+    def _first_frame(self, row: Row) -> None:
         if row.handle.frames == 0:
             took = time.perf_counter() - row.admitted
             size = row.encoded + row.slot_steps  # tokens run for it, as if alone
             with self._lock:  # first frames alone are the baseline `RowCap` compares with
                 self.stats.add_first_frame(took, size, alone=row.alone)
 
-    def _finish(self, row: _Row, status: Status, error: str | None = None) -> None:
+    def _finish(self, row: Row, status: Status, error: str | None = None) -> None:
         if row in self._rows:
             self._rows.remove(row)
             self._release(row.steps)
         self._stacked = None
-        self._context_read(row)
-        mode: Writer = row.cfg.mode if not row.seam_filled else "ar-infill"
-        row.handle._emit(Done(row.handle.id, status, tuple(row.canvases), row.steps, row.forwards, row.generated,
-                              time.perf_counter() - row.t0, error, mode=mode, cached_tokens=row.cached_tokens,
-                              prompt_s=row.prompt_s))
+        row.handle.emit(row.done(status, error))

@@ -8,7 +8,8 @@ beside the shared weights and is read only while `canvas.model.model.in_decoder_
 context variable, so an encoder pass on another thread (an eval's twin engine beside the server's) never sees them:
 - `DecoderLowRankWeight`: a frozen matrix that carries a `DecoderLoRA`; `F.linear(x, w)` adds `(x A^T) B^T * scale`
   in the decoder pass only (no full weight is formed), on `targets` of every converted layer (the appended identity
-  layer stays as it is);
+  layer stays as it is). Its base, `LowRankWeight`, is the low-rank linear itself, which the FIM fine-tune's
+  adapters (`canvas.training.fim_train`) run through too, switched by their own rule;
 - `DecoderDelta`: a parametrization `w -> w + delta` in the decoder pass, `w` (the very same tensor) elsewhere, on the
   routed experts' parts (`EXPERT_PARTS`: experts, router, their norms) of the converted layers. The converted base
   keeps its experts' branch at exactly zero (post_feedforward_layernorm_2 = 0) and so does the encoder; the delta
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 import torch
 import torch.nn.functional as F
@@ -59,27 +60,57 @@ class DecoderLoRA(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
 
 
-class DecoderLowRankWeight(nn.Parameter):
-    """A frozen matrix W with a decoder-only adapter: in the decoder pass `F.linear(x, w)` computes
-    x W^T + (x A^T) B^T * scale; everywhere else, and for every other op, W itself."""
+class LowRankFactors(Protocol):
+    """What a `LowRankWeight` reads of its adapter: A (rank, in), B (out, rank) and the scale."""
 
-    lora: DecoderLoRA
+    @property
+    def lora_A(self) -> Tensor: ...
 
-    def __new__(cls, data: Tensor, lora: DecoderLoRA) -> DecoderLowRankWeight:
+    @property
+    def lora_B(self) -> Tensor: ...
+
+    @property
+    def scale(self) -> float: ...
+
+
+class LowRankWeight(nn.Parameter):
+    """A frozen matrix W that carries a low-rank adapter: while `active()` holds, `F.linear(x, w)` computes
+    x W^T + (x A^T) B^T * scale; otherwise, and for every other op, W itself. B A is never formed, so a backward
+    forms only the adapter's small gradients: a parametrization (W + B A * scale as one tensor) would form the full
+    (out, in) weight gradient first, as many FLOPs again as the forward matmul. A subclass says when the adapter
+    counts (`DecoderLowRankWeight`: the decoder pass; the FIM fine-tune's: outside its `adapters_off`); here,
+    always."""
+
+    lora: LowRankFactors
+
+    def __new__(cls, data: Tensor, lora: LowRankFactors) -> Self:
         w = super().__new__(cls, data, requires_grad=False)
         w.lora = lora
         return w
 
     @classmethod
+    def active(cls) -> bool:
+        return True
+
+    @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         with torch._C.DisableTorchFunctionSubclass():
-            low_rank = func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], DecoderLowRankWeight)
-            if low_rank and in_decoder_pass():
+            low_rank = func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], LowRankWeight)
+            if low_rank and args[1].active():
                 x, w = args
                 a, b = w.lora.lora_A, w.lora.lora_B
                 return F.linear(x, w) + F.linear(F.linear(x, a.to(x.dtype)), b.to(x.dtype)) * w.lora.scale
             return func(*args, **kwargs)
+
+
+class DecoderLowRankWeight(LowRankWeight):
+    """A frozen matrix W with a decoder-only adapter (`DecoderLoRA`): in the decoder pass `F.linear(x, w)` computes
+    x W^T + (x A^T) B^T * scale; everywhere else, and for every other op, W itself."""
+
+    @classmethod
+    def active(cls) -> bool:
+        return in_decoder_pass()
 
 
 class DecoderDelta(nn.Module):

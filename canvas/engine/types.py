@@ -69,7 +69,7 @@ class Drafts:
     chosen: int | None = None  # once scored: the draft written into the gap...
     length: int = 0  # ...and how many of its tokens were kept (the rest of the gap became <null>)
     # (K, n) each draft token's log-probability in the drafting frame (temperature 1, before bans), for a client's
-    # own choice among the drafts (`canvas.server.http.endings.early_end`); None where not recorded.
+    # own choice among the drafts (`canvas.server.http.draft_ends.early_end`); None where not recorded.
     logp: tuple[tuple[float, ...], ...] | None = None
 
 
@@ -93,6 +93,12 @@ class Frame:
     cached_tokens: int = 0
     # Seconds the engine spent encoding the request's context: at admission, or, deferred, when it was first read.
     prompt_s: float = 0.0
+    # An AR row's FIM prompts (`canvas.engine.ar`; every FIM gap's so far, summed): their tokens, how many of those
+    # the engine's cache restored instead of encoding, and the seconds their prefills took. All 0 until a FIM gap
+    # starts, and in a row that drafts none (diffusion, the plain AR fill).
+    fim_prompt_tokens: int = 0
+    fim_cached_tokens: int = 0
+    fim_prompt_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,9 @@ class Done:
     mode: Writer | None = None  # None: not run (cancelled while queued) or from an engine that predates the field
     cached_tokens: int = 0  # as `Frame.cached_tokens`
     prompt_s: float = 0.0  # as `Frame.prompt_s`
+    fim_prompt_tokens: int = 0  # as `Frame.fim_prompt_tokens`, and the two after it
+    fim_cached_tokens: int = 0
+    fim_prompt_s: float = 0.0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -157,7 +166,17 @@ class GenHandle:
         assert self.result is not None
         return self.result
 
-    def _emit(self, event: Event) -> None:
+    def end_cancelled(self) -> None:
+        """Mark it cancelled and send the `Done` of a request that never ran a step (`cancelled_done`): for whoever
+        took it out of a queue without `cancel()` (an engine replacing it with its successor), or found it cancelled
+        there (withdrawn, or cancelled while being admitted)."""
+        self._cancel.set()
+        self.emit(cancelled_done(self))
+
+    def emit(self, event: Event) -> None:
+        """Deliver `event` to the request's callback, on the thread of whoever runs the request (the engine's, or a
+        cluster replica's stream pump): a `Frame` is counted in `frames`; the `Done`, sent exactly once, becomes
+        `result` and wakes `wait`."""
         if isinstance(event, Done):
             self.result = event
         else:

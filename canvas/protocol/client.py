@@ -288,6 +288,12 @@ class DcanvasClient:
         """Send a frame as is (for tests and debugging); replies arrive on `events` unless they match a request."""
         await self._ws.send(frame)
 
+    def abort(self) -> None:
+        """Cut the TCP connection now, with no close frame, as a laptop lid closing or a network dropping does: the
+        server sees the socket end, not a goodbye. For fault injection (the soak's `drop`); `close` is the polite
+        way, and it still ends the reader after an abort."""
+        self._ws.transport.abort()
+
     async def close(self) -> None:
         await self._ws.close()
         try:

@@ -97,8 +97,7 @@ class Actors:
                 return
             while not isinstance(await asyncio.wait_for(gen.__anext__(), ANSWER_S), GenProgress):
                 pass  # its first progress frame: the generation is running
-            # Gone without a close frame, as a laptop lid closes: the TCP connection is simply cut.
-            c._ws.transport.abort()
+            c.abort()  # gone without a close frame, as a laptop lid closes
         except (ConnectionLost, ProtocolError, TimeoutError, StopAsyncIteration) as e:
             self._lost_or_error("drop", e)
             return

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from canvas.convert.adapters import META, SENTINEL_ROWS, WEIGHTS, param_owner
 from canvas.convert.fim import SENTINELS, recorded_fim_adapters
+from canvas.engine import decoder_weights as low_rank
 from canvas.model import DiffusionModel
 from canvas.training.adapt import LoRA
 from canvas.training.fim import FIM, NONE, PLAIN, Corpus, FimDataConfig, Rows, attention_mask, sample_rows
@@ -135,29 +136,15 @@ def adapters_off() -> Iterator[None]:
         _adapters_on = before
 
 
-class LowRankWeight(nn.Parameter):
-    """A frozen matrix W that carries its adapter: `F.linear(x, w)` computes x W^T + (x A^T) B^T * scale. The
-    backward then forms the adapter's small gradients only; a parametrization (W + B A * scale as one tensor) would
-    form the full (out, in) weight gradient first, as many FLOPs again as the forward matmul. Every other op sees W.
-    The merge (`apply_fim_adapters`) adds B A * scale to W: the same function, up to fp32 rounding."""
-
-    lora: LoRA
-
-    def __new__(cls, data: Tensor, lora: LoRA) -> LowRankWeight:
-        w = super().__new__(cls, data, requires_grad=False)
-        w.lora = lora
-        return w
+class LowRankWeight(low_rank.LowRankWeight):
+    """A frozen matrix W that carries its FIM adapter (`canvas.engine.decoder_weights.LowRankWeight`: `F.linear(x, w)`
+    computes x W^T + (x A^T) B^T * scale, and the backward forms only the adapter's small gradients), in every pass
+    but inside `adapters_off` (the base, the anchor's teacher). The merge (`apply_fim_adapters`) adds B A * scale to
+    W: the same function, up to fp32 rounding."""
 
     @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            low_rank = func is F.linear and len(args) == 2 and not kwargs and isinstance(args[1], LowRankWeight)
-            if low_rank and _adapters_on:
-                x, w = args
-                a, b = w.lora.lora_A, w.lora.lora_B
-                return F.linear(x, w) + F.linear(F.linear(x, a.to(x.dtype)), b.to(x.dtype)) * w.lora.scale
-            return func(*args, **kwargs)
+    def active(cls) -> bool:
+        return _adapters_on
 
 
 class SentinelRows(nn.Module):

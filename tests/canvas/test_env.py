@@ -2,9 +2,7 @@
 
 The source scan covers `canvas/`, `kernels/` and `tui/` (Python and the C++ kernels): every `DCANVAS_*` name they
 mention is one `canvas.env` lists, and no Python module but `canvas.env` holds a name as a string of its own (a
-reader imports the `EnvVar`). `NOT_YET_MOVED` are the readers that still spell a name; each entry is a file the scan
-skips for the second rule only, and the test fails once a file there stops spelling a name, so the list only
-shrinks.
+reader imports the `EnvVar`).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from canvas import env
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("canvas", "kernels", "tui")
 _NAME = re.compile(r"DCANVAS_[A-Z0-9_]+")
-NOT_YET_MOVED = {"canvas/bench/http.py"}
 
 
 def _source_files(suffixes: tuple[str, ...]) -> list[Path]:
@@ -70,6 +67,4 @@ def test_only_canvas_env_spells_a_variable_name_in_code() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _NAME.fullmatch(node.value):
                 spelled.setdefault(rel, []).append(node.value)
-    assert set(spelled) - NOT_YET_MOVED == set(), f"import the EnvVar from canvas.env instead: {spelled}"
-    moved = NOT_YET_MOVED - set(spelled)
-    assert not moved, f"these read canvas.env now: drop them from NOT_YET_MOVED: {sorted(moved)}"
+    assert spelled == {}, "import the EnvVar from canvas.env instead"

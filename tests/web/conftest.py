@@ -13,11 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,56 +40,29 @@ def artifacts_dir() -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServeProcess:
-    """`dcanvas serve` in a subprocess, on 127.0.0.1 at a free port, with its log in a file."""
+    """`dcanvas serve` in a subprocess, on 127.0.0.1 at a free port, with its log in a file (`canvas.bench.http.Server`
+    starts it and waits for /health)."""
 
     def __init__(self, model: Path, workdir: Path, token: str | None = None) -> None:
+        from canvas.bench.http import Server, ours_command
+        from canvas.soak.server import free_port
+
         self.model = model
         self.token = token
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}/"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
-        self.log_path = workdir / "serve.log"
-        cmd = [sys.executable, "-m", "canvas.cli", "serve", "--port", str(self.port), "--model", str(model),
-               "--db", str(workdir / "docs.db"), "--log-level", "warning"]  # fmt: skip
-        if token is not None:
-            cmd += ["--token", token]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-        self._log = self.log_path.open("w", encoding="utf-8")
-        self.proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + SERVER_START_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"dcanvas serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.base + "health", timeout=1) as r:
-                    self.health: dict[str, Any] = json.loads(r.read())
-                    return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"dcanvas serve did not answer /health within {SERVER_START_S} s:\n{self.log()}")
+        self.server = Server("dcanvas serve", ours_command(model, self.port, workdir / "docs.db", token=token),
+                             self.base, workdir / "serve.log", env, cwd=REPO)
+        self.health: dict[str, Any] = self.server.wait_ready(SERVER_START_S)
 
     def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(encoding="utf-8", errors="replace")[-4000:]
+        return self.server.tail(4000)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        self.server.close()
 
 
 @pytest.fixture(scope="session")

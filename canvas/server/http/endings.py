@@ -226,15 +226,36 @@ def trim_tail(text: str) -> str:
         out = core[: found.start()]
 
 
+# What a copy may add or lose at its end and still be a copy: "I am still young." of "I am still young by your
+# standards" (a sentence the suggestion ends where the copied line goes on).
+_TRAILING = ".,;:!?\u2026"
+
+
+def _bare(line: str) -> str:
+    """A line as a copy is compared: stripped, lowercased, less its trailing punctuation (`_TRAILING`)."""
+    return line.strip().rstrip(_TRAILING).rstrip().lower()
+
+
+def _inside(part: str, line: str) -> bool:
+    """Whether `part` occurs in `line` with both of its ends at word boundaries (so "young" is not in "youngster")."""
+    at = line.find(part)
+    while at >= 0:
+        if _boundary(line, at) and _boundary(line, at + len(part)):
+            return True
+        at = line.find(part, at + 1)
+    return False
+
+
 def copies_after(text: str, after: str, *, lines: int = 64, min_chars: int = 12) -> bool:
     """Whether the suggestion `text` is, line for line, a copy of text in the first `lines` lines of `after` (each
-    of its non-blank lines, stripped, at least `min_chars` long in all, found inside one of those lines). 64 lines:
-    llama.vim's `n_suffix`, all the suffix it sends; a copy of a line further down is a copy all the same."""
-    mine = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    of its non-blank lines, stripped, at least `min_chars` long in all, found inside one of those lines at word
+    boundaries, whatever the case and the line's trailing punctuation: `_bare`). 64 lines: llama.vim's `n_suffix`,
+    all the suffix it sends; a copy of a line further down is a copy all the same."""
+    mine = [_bare(ln) for ln in text.split("\n") if _bare(ln)]
     if not mine or sum(map(len, mine)) < min_chars:
         return False
-    theirs = [ln.strip() for ln in after.split("\n")[: lines + 1] if ln.strip()]
-    return all(any(m in t for t in theirs) for m in mine)
+    theirs = [ln.strip().lower() for ln in after.split("\n")[: lines + 1] if ln.strip()]
+    return all(any(_inside(m, t) for t in theirs) for m in mine)
 
 
 _WORDS = re.compile(r"\w+")
@@ -386,8 +407,10 @@ def suggestion_endings(before: str, after: str, config: SamplerConfig, *, n_inde
     """The endings of an editor's suggestion between `before` and `after` (the whole texts around the gap): llama.cpp's
     `n_indent` and the cursor line's rules (`line_rule`, `join_rule`), drafted from `config` with the first token
     never breaking the line where the cursor line wants text first (`CursorLine.first_newline`; only for a request
-    of `one_gap`: the setting holds for every gap), and, for the rest of a line, with `<|fim_end|>` allowed from the
-    first token on (`ar_min_fill` 0: the budget is a ceiling, and a line is short). With `heal`, in AR mode and for
+    of `one_gap`: the setting holds for every gap), and with `<|fim_end|>` allowed from the first token on
+    (`ar_min_fill` 0: llama.cpp's budget is a ceiling; a line is short, and so is a code line at an emptied line,
+    which a minimum fill would make run on into the lines after it; the engine still ends no draft while it is
+    blank). With `heal`, in AR mode and for
     one gap, the cursor line's partial word is the lead (`typed_lead`, `SamplerConfig.ar_lead`): the caller sends
     `before` less `Endings.lead` and gives the client `drop_lead` of the text."""
     lead = typed_lead(before) if heal and one_gap and config.mode == "ar" else ""
@@ -397,7 +420,7 @@ def suggestion_endings(before: str, after: str, config: SamplerConfig, *, n_inde
     cursor = CursorLine.around(before, after)
     if not cursor.first_newline and one_gap:
         config = dataclasses.replace(config, ar_first_newline=False)
-    if cursor.has_text:
+    if cursor.has_text or one_gap:  # llama.cpp's budget is a ceiling: a line, a block, may end well short of it
         config = dataclasses.replace(config, ar_min_fill=0.0)
     cut = combine(indent_rule(n_indent) if n_indent > 0 else None, line_rule(cursor))
     return Endings(cut, join_rule(cursor), config, lead)

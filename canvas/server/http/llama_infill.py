@@ -142,17 +142,29 @@ def _stop_type(f: Finish) -> str:
     return {"eos": "eos", "word": "word", "length": "limit", "rule": "limit", "time": "limit"}.get(f.reason, "none")
 
 
+def _prompt_tokens(p: Plan, f: Finish) -> tuple[int, int]:
+    """(the prompt's tokens, those encoded): an AR infill drafted from a FIM prompt reads that prompt, and encodes
+    what the engine's cache did not restore of it (llama.cpp's `tokens_evaluated` and `prompt_n`); any other
+    generation reads the context and pinned text (`Plan.prompt_tokens`), counted whole as before."""
+    if f.fim_tokens:
+        return f.fim_tokens, max(0, f.fim_tokens - f.cached_tokens)
+    return p.prompt_tokens, p.prompt_tokens
+
+
 def _timings(p: Plan, f: Finish) -> dict[str, float | int]:
-    """llama.cpp's `timings`. `prompt_ms` is the prompt's processing (`Finish.prompt_s`: the context's encoding,
-    near 0 when a kept cache was reused, and, for an AR infill, the prefill of its FIM prompt or pinned text up to
-    the drafts' first step, and a deferred context encoded when the seam was scored); `predicted_ms` is the rest of
-    the generation, the drafting alone. The wait in the queue is in neither figure."""
+    """llama.cpp's `timings`. For an AR infill drafted from a FIM prompt, `prompt_n` and `prompt_ms` are that prompt's
+    tokens encoded (less those the cache restored, `tokens_cached`) and its prefill's time, as the engine timed it;
+    otherwise the context's (`Finish.prompt_s`: its encoding, near 0 when a kept cache was reused, and, for an AR
+    infill, the prefill of its pinned text up to the drafts' first step). `predicted_ms` is the rest of the
+    generation: the drafting, and the choice among the drafts (with the plain context a FIM infill encodes only
+    then). The wait in the queue is in neither figure."""
     prompt_ms, predicted_ms = f.prompt_s * 1000, max(0.0, f.wall_s - f.prefill_s) * 1000
+    prompt_n = _prompt_tokens(p, f)[1]
     return {
-        "prompt_n": p.prompt_tokens,
+        "prompt_n": prompt_n,
         "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / max(p.prompt_tokens, 1), 3),
-        "prompt_per_second": round(p.prompt_tokens / prompt_ms * 1000, 3) if prompt_ms > 0 else 0.0,
+        "prompt_per_token_ms": round(prompt_ms / max(prompt_n, 1), 3),
+        "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms > 0 else 0.0,
         "predicted_n": f.tokens,
         "predicted_ms": round(predicted_ms, 3),
         "predicted_per_token_ms": round(predicted_ms / max(f.tokens, 1), 3),
@@ -179,7 +191,7 @@ def _result(api: HttpApi, req: InfillRequest, task: TextTask, p: Plan, f: Finish
                 "gap_min_fill": p.request.config.gap_min_fill}  # fmt: skip
     return {
         "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": api.backend.name,
-        "tokens_predicted": f.tokens, "tokens_evaluated": p.prompt_tokens, "generation_settings": settings,
+        "tokens_predicted": f.tokens, "tokens_evaluated": _prompt_tokens(p, f)[0], "generation_settings": settings,
         "prompt": "", "has_new_line": "\n" in content, "truncated": p.truncated, "stop_type": _stop_type(f),
         "stopping_word": f.stop_word or "", "tokens_cached": f.cached_tokens, "timings": _timings(p, f),
         # An extension: the steps it took, and why it ended (`textgen.End`: "time" is a `t_max_predict_ms` end).

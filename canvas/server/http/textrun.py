@@ -77,12 +77,17 @@ class Finish:
     steps: int
     queued_s: float  # from submission to the row's start: the wait in the engine's queue and the context's encoding
     wall_s: float  # from the row's start to the end
-    # The prompt's processing, alone: the engine's encoding of the context (0-ish when its cache was reused) and, for
-    # an AR infill, the time to its first frame (the pinned text before the gap, or the FIM prompt, prefilled, and
-    # the drafts' first step) and a deferred context encoded after it (the seam's scoring read it).
+    # The prompt's processing, alone. An AR infill drafted from FIM prompts (`fim_tokens` > 0): their prefills, as the
+    # engine timed them (the plain context, deferred until the seam's scoring reads it, is part of choosing a draft).
+    # Otherwise: the engine's encoding of the context (0-ish when its cache was reused) and, for an AR infill, the
+    # time to its first frame (the pinned text before the gap prefilled, and the drafts' first step) and a deferred
+    # context encoded after it.
     prompt_s: float = 0.0
-    cached_tokens: int = 0  # context tokens whose encoder cache the engine reused (the newest report)
+    # The prompt's tokens the engine's cache restored instead of encoding (the newest report): of the FIM prompts
+    # where there are any, else of the context.
+    cached_tokens: int = 0
     prefill_s: float = 0.0  # the part of `wall_s` that `prompt_s` counts: `wall_s - prefill_s` is the drafting
+    fim_tokens: int = 0  # the FIM prompts' tokens (`Frame.fim_prompt_tokens`); 0: none, the prompt is the context
 
 
 Event = Delta | Draft | Finish
@@ -101,6 +106,7 @@ class _Choice:
         self.cached_tokens = 0
         self.encoded_s = 0.0  # `prompt_s` as the first frame reported it: encoded before the row started
         self.lead_s = 0.0  # an AR infill: from the row's start to its first frame (its prompt's prefill)
+        self.fim: tuple[int, int, float] = (0, 0, 0.0)  # the FIM prompts' tokens, cached tokens, prefill seconds
         self.sent = 0  # characters of text yielded as deltas
         self.steps = 0
         self.finished = False
@@ -203,6 +209,7 @@ class TextRun:
                 # FIM prompt, which the engine encodes as the walk starts) and one drafting step.
                 c.lead_s = ev.elapsed_s if ev.written is not None and self.plan.infill else 0.0
             c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens  # a deferred context, once read, adds
+            c.fim = (ev.fim_prompt_tokens, ev.fim_cached_tokens, ev.fim_prompt_s)
             if c.last is not None and ev.canvas_index > c.last.canvas_index:  # the previous canvas's stopping frame
                 out += self._commit(c, c.last.draft, last=False, written=c.last.written)
             c.last, c.fresh = ev, True
@@ -215,6 +222,7 @@ class TextRun:
         if c.first_frame is None:
             c.encoded_s = ev.prompt_s
         c.prompt_s, c.cached_tokens = ev.prompt_s, ev.cached_tokens
+        c.fim = (ev.fim_prompt_tokens, ev.fim_cached_tokens, ev.fim_prompt_s)
         fed = c.reader.canvases
         for k in range(fed, len(ev.canvases)):
             out += self._commit(c, ev.canvases[k], last=k == len(ev.canvases) - 1)
@@ -265,8 +273,12 @@ class TextRun:
             first = c.first_frame if c.first_frame is not None else now
             assert r.reason is not None
             wall = max(0.0, now - first)
-            # What the engine encoded after the row started (a deferred context) lies in `wall` as well.
-            prefill = min(wall, c.lead_s + max(0.0, c.prompt_s - c.encoded_s))
+            fim_n, fim_cached, fim_s = c.fim
+            if fim_n:  # the FIM prompts are what the drafts read: their prefill is the prompt's time, exactly
+                prompt, prefill, cached = fim_s, min(wall, fim_s), fim_cached
+            else:  # what the engine encoded after the row started (a deferred context) lies in `wall` as well
+                prefill = min(wall, c.lead_s + max(0.0, c.prompt_s - c.encoded_s))
+                prompt, cached = c.encoded_s + prefill, c.cached_tokens
             out.append(Finish(c.index, r.reason, r.text, r.tokens, r.stop_word, c.steps,
-                              max(0.0, first - c.submitted), wall, c.encoded_s + prefill, c.cached_tokens, prefill))
+                              max(0.0, first - c.submitted), wall, prompt, cached, prefill, fim_n))
         return out

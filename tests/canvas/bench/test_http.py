@@ -1,5 +1,6 @@
 """`dcanvas bench http`'s pure parts: the prompt windows, the request, the reading of an answer, the alternation and
-the figures; the end-to-end run against both real servers is `slow`."""
+the figures; the server process waited for until it answers /health (a stand-in server); the end-to-end run against
+both real servers is `slow`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from canvas.bench.http import (
     LLAMA_BIN,
     Answer,
     HttpBenchError,
+    Server,
     body,
     llama_command,
     order,
@@ -106,12 +108,52 @@ def test_the_figures_need_one_answer_per_run_from_each() -> None:
 
 
 def test_the_server_commands() -> None:
-    ours = ours_command(Path("/m"), 8790, 2, Path("/t/docs.db"))
+    ours = ours_command(Path("/m"), 8790, Path("/t/docs.db"), threads=2)
     assert ours[:4] == [sys.executable, "-m", "canvas.cli", "serve"]
     assert ours[ours.index("--threads") + 1] == "2" and ours[ours.index("--port") + 1] == "8790"
     assert ours[ours.index("--model") + 1] == "/m" and ours[ours.index("--db") + 1] == "/t/docs.db"
+    assert "--token" not in ours
+    plain = ours_command(Path("/m"), 8790, Path("/t/docs.db"), token="s3cret")
+    assert "--threads" not in plain and plain[plain.index("--token") + 1] == "s3cret"
     llama = llama_command(Path("/b/llama-server"), Path("/g.gguf"), 8791, 2)
     assert llama == ["/b/llama-server", "-m", "/g.gguf", "-t", "2", "--host", "127.0.0.1", "--port", "8791"]
+
+
+# A stand-in server: /health answers 503 twice (loading, as llama-server does), then 200 with a JSON body.
+_LOADING_SERVER = """
+import http.server, json, sys
+calls = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global calls
+        calls += 1
+        code = 503 if calls <= 2 else 200
+        body = json.dumps({"status": "ok", "calls": calls}).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_is_ready_once_health_answers_200_and_a_dead_one_says_why(tmp_path: Path) -> None:
+    from canvas.soak.server import free_port
+
+    port = free_port()
+    server = Server("stand-in", [sys.executable, "-c", _LOADING_SERVER, str(port)], f"http://127.0.0.1:{port}/",
+                    tmp_path / "ok.log")
+    try:
+        assert server.wait_ready(30) == {"status": "ok", "calls": 3}
+    finally:
+        server.close()
+    assert server.proc.returncode is not None
+    dead = Server("dead", [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
+                  f"http://127.0.0.1:{free_port()}", tmp_path / "dead.log")
+    with pytest.raises(HttpBenchError, match=r"dead exited 3 while starting: no model here"):
+        dead.wait_ready(30)
 
 
 @pytest.mark.slow

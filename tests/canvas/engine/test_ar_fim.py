@@ -293,3 +293,48 @@ def test_a_lead_is_written_again_first_and_the_left_side_is_not_healed(model: Di
     (done,), _ = run(Engine(model, fim=FIM, lines=lines), [sampled])
     fill = list(done.canvases[0][left : left + gap])
     assert "".join(texts[t] for t in fill[:2]).startswith(" applie") and 23 in fill  # free after the lead
+
+
+def test_a_walk_times_its_fim_prompt_and_counts_what_the_cache_restored(model: DiffusionModel,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ARWalk.fim_tokens` is the FIM prompt's length, `fim_cached` what the engine's cache restored of it (nothing on
+    a fresh engine; most of it when the same gap is asked again), `fim_s` the prefill's seconds; a walk that drafts
+    in the plain frame has none."""
+    walks: list[engine_ar.ARWalk] = []
+    real = engine_ar.ARWalk.advance
+
+    def keep(self: engine_ar.ARWalk) -> None:
+        if self not in walks:
+            walks.append(self)
+        real(self)
+
+    monkeypatch.setattr(engine_ar.ARWalk, "advance", keep)
+    ctx, left, gap, right = (2, 5, 11, 13, 17, 19, 23, 29, 31), 5, 6, 12
+    req = infill(ctx, left, gap, right, ar_drafts=2, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1)
+    engine = Engine(model, fim=FIM)
+    run(engine, [req])
+    run(engine, [req])
+    prompt = fim_prompt(FIM, [*ctx, *req.slot_ids[:left]], list(req.slot_ids[left + gap :]))
+    first, again = walks
+    assert (first.fim_tokens, first.fim_cached) == (len(prompt), 0) and first.fim_s > 0
+    assert again.fim_tokens == len(prompt) and len(prompt) // 2 < again.fim_cached <= len(prompt)
+    plain = infill(ctx, left, gap, right, ar_drafts=2, ar_seam_tokens=2, fim=False)
+    run(engine, [plain])
+    assert (walks[2].fim_tokens, walks[2].fim_cached, walks[2].fim_s) == (0, 0, 0.0)
+
+
+def test_frames_and_done_report_the_fim_prompt(model: DiffusionModel) -> None:
+    """The walk's FIM prompt figures reach every frame from the first on, and the `Done`: a fresh engine encodes the
+    whole prompt, the same gap again restores most of it; a row drafted in the plain frame reports none."""
+    ctx, left, gap, right = (2, 5, 11, 13, 17, 19, 23, 29, 31), 5, 6, 12
+    req = infill(ctx, left, gap, right, ar_drafts=2, ar_seam_tokens=2, ar_min_fill=1.0, ar_endings=1)
+    prompt = fim_prompt(FIM, [*ctx, *req.slot_ids[:left]], list(req.slot_ids[left + gap :]))
+    engine = Engine(model, fim=FIM)
+    (first,), (frames,) = run(engine, [req])
+    (again,), _ = run(engine, [req])
+    assert (first.fim_prompt_tokens, first.fim_cached_tokens) == (len(prompt), 0) and first.fim_prompt_s > 0
+    assert all((f.fim_prompt_tokens, f.fim_prompt_s) == (len(prompt), first.fim_prompt_s) for f in frames)
+    assert again.fim_prompt_tokens == len(prompt) and len(prompt) // 2 < again.fim_cached_tokens <= len(prompt)
+    (plain,), (plain_frames,) = run(engine, [infill(ctx, left, gap, right, ar_drafts=2, ar_seam_tokens=2, fim=False)])
+    assert (plain.fim_prompt_tokens, plain.fim_cached_tokens, plain.fim_prompt_s) == (0, 0, 0.0)
+    assert all(f.fim_prompt_tokens == 0 for f in plain_frames)

@@ -13,6 +13,7 @@ from canvas.engine.ar import LineTokens, line_tokens
 from canvas.engine.core import Engine
 from canvas.model import DiffusionModel, ModelConfig
 from tests.canvas.engine.test_ar import NULL, PLAIN, infill, run
+from tests.canvas.engine.test_ar_fim import FIM
 
 NEWLINE, SPACE = 77, 78  # the ids that stand for a newline and a space here
 LINES = LineTokens(frozenset({NEWLINE}), frozenset({SPACE}))
@@ -72,3 +73,24 @@ def test_without_line_tokens_nothing_is_banned(model: DiffusionModel) -> None:
     engine = Engine(model, max_batch=1)  # a tokenizer with no line breaks: the setting changes nothing
     (done,), _ = run(engine, [infill((1, 2), 3, 4, 3, ar_first_newline=False, ar_drafts=2, ar_temperature=0.0)])
     assert done.canvases[0][3] == NEWLINE
+
+
+def test_no_fim_draft_ends_while_it_is_blank(model: DiffusionModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the FIM frame with no minimum fill, where `<|fim_end|>` is the likeliest token, then the space: under
+    `ar_first_newline` False no draft ends while it is only spaces (its first line would hold no text), which by
+    default it does as soon as its first token is written."""
+    monkeypatch.setitem(BIAS, FIM.end, 60.0)
+    monkeypatch.setitem(BIAS, SPACE, 55.0)
+    engine = Engine(model, max_batch=2, lines=LINES, fim=FIM)
+    left, gap = 3, 6
+    cfg = {"ar_drafts": 2, "ar_temperature": 0.0, "ar_seam_tokens": 2, "ar_min_fill": 0.0, "ar_endings": 1}
+    banned = infill((1, 2), left, gap, 3, seed=5, ar_first_newline=False, **cfg)  # type: ignore[arg-type]
+    free = infill((1, 2), left, gap, 3, seed=5, **cfg)  # type: ignore[arg-type]
+    (done_b, done_f), (frames_b, _) = run(engine, [banned, free])
+    assert done_f.canvases[0][left : left + gap] == (SPACE,) + (NULL,) * (gap - 1)  # ended after a space
+    fill = [t for t in done_b.canvases[0][left : left + gap] if t != NULL]
+    assert any(t != SPACE for t in fill)  # spaces, then text (the repeat ban ends the run of spaces)
+    lanes = [lane for frame in frames_b if frame.drafts is not None for lane in frame.drafts.tokens]
+    assert lanes and any(FIM.end in lane for lane in lanes)  # the drafts do end...
+    for lane in lanes:  # ...never while blank
+        assert FIM.end not in lane or any(t != SPACE for t in lane[: lane.index(FIM.end)]), lane

@@ -261,6 +261,32 @@ async def test_connection_loss_fails_pending_requests_and_generations(fake: Any)
             await c.ping()
 
 
+async def test_abort_cuts_the_connection_without_a_close_frame(fake: Any) -> None:
+    """`abort` is a network dropping, not a goodbye: the server's side ends abnormally (1006: no close frame came),
+    and the client's open generation and later requests fail with `ConnectionLost`."""
+    seen: list[ServerConnection] = []
+
+    async def accept(msg: dict[str, Any], ws: ServerConnection) -> None:
+        seen.append(ws)
+        if msg["type"] == "gen.start":
+            await ws.send(p.dump(p.GenAccepted(re=msg["id"], gen="g1", doc_id="d1", base_v=0, params=p.GenParams())))
+
+    fs = await fake(accept)
+    c = await DcanvasClient.connect(fs.url)
+    try:
+        g = await c.generate("d1", 0)
+        c.abort()
+        with pytest.raises(ConnectionLost):
+            await g.__anext__()
+        await asyncio.wait_for(seen[0].wait_closed(), 5)
+        assert seen[0].close_code == 1006  # a polite `close` would have sent 1000
+        assert c.closed
+        with pytest.raises(ConnectionLost):
+            await c.ping()
+    finally:
+        await c.close()
+
+
 async def test_request_timeout_and_bounded_event_queue(fake: Any) -> None:
     async def silent_then_flood(msg: dict[str, Any], ws: ServerConnection) -> None:
         if msg["type"] == "doc.list":

@@ -8,6 +8,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ from canvas.training.fim_train import (
 DATA = FimDataConfig(seq_len=64, max_middle=16, max_prefix=16, max_suffix=12, min_fim_piece=12)
 
 
-def _cfg(fim_base: dict[str, Path], **kw: object) -> FimTrainConfig:
+def _cfg(fim_base: dict[str, Path], **kw: Any) -> FimTrainConfig:
     return dataclasses.replace(
         FimTrainConfig(base=str(fim_base["base"]), tokens_dir=str(fim_base["tokens"]),
                        corpus_dir=str(fim_base["corpus"]), batch_size=2, lr=1e-2, warmup_steps=1, max_steps=4,
@@ -65,7 +66,7 @@ def test_only_adapters_and_sentinel_rows_train(fim_base: dict[str, Path], tmp_pa
 
 def test_a_low_rank_weight_is_the_merged_matrix_with_the_adapters_gradients() -> None:
     from canvas.training.adapt import LoRA
-    from canvas.training.fim_train import LowRankWeight
+    from canvas.training.fim_train import LowRankWeight, adapters_off
 
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(12, 8, generator=g), torch.randn(3, 5, 8, generator=g)
@@ -75,6 +76,8 @@ def test_a_low_rank_weight_is_the_merged_matrix_with_the_adapters_gradients() ->
     y = torch.nn.functional.linear(x, LowRankWeight(w, lora))
     merged = w + lora.lora_B @ lora.lora_A * lora.scale
     torch.testing.assert_close(y, x @ merged.T, rtol=1e-5, atol=1e-5)
+    with adapters_off():  # the base: the frozen matrix alone
+        torch.testing.assert_close(torch.nn.functional.linear(x, LowRankWeight(w, lora)), x @ w.T)
     y.square().sum().backward()
     a, b = lora.lora_A.grad, lora.lora_B.grad
     lora.zero_grad()
@@ -144,6 +147,7 @@ def test_export_then_build_gives_the_trained_models_logits(fim_base: dict[str, P
         merged = apply_fim(base, fim_base["base"], out)
         after, _ = merged.encode(ids)
         trained = _trained_logits(t.model.eval(), t.rows, ids)
+    assert before is not None and after is not None
     # The trained model runs x W^T + (x A^T) B^T s, the merged one x (W + B A s)^T: equal up to fp32 rounding (the
     # real 64k model: 3e-5 relative on logits of ~100 after a 2-step smoke run, the same argmax everywhere).
     torch.testing.assert_close(after, trained, rtol=1e-4, atol=1e-4)
@@ -293,7 +297,8 @@ def test_the_anchor_reads_the_teacher_it_is_given(fim_base: dict[str, Path], tmp
     batch = _batch(t, fim_rate=0.0)
     base = base_plain_logprobs(t.model, t.rows, batch)
     same = anchored_losses(t.model, t.rows, batch, 1.0, teacher=lambda b: base_plain_logprobs(t.model, t.rows, b))
-    assert same.kl is not None and torch.equal(same.kl, anchored_losses(t.model, t.rows, batch, 1.0).kl)
+    own = anchored_losses(t.model, t.rows, batch, 1.0).kl
+    assert same.kl is not None and own is not None and torch.equal(same.kl, own)
     uniform = torch.full_like(base, -math.log(base.shape[1]))  # a teacher that knows nothing
     other = anchored_losses(t.model, t.rows, batch, 1.0, teacher=lambda b: uniform)
     assert other.kl is not None and not torch.allclose(other.kl, same.kl)

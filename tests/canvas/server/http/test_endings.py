@@ -90,7 +90,9 @@ def test_a_blank_line_keeps_blocks_and_n_indent_as_llama_cpp() -> None:
     text = "    y = x + 1\n    return y\nprint(1)"
     assert ends.cut is not None and ends.cut(text) == indent_rule(4)(text) == text.index("print")
     assert ends.join is None and ends.config.ar_first_newline is False
-    assert ends.config.ar_min_fill == SamplerConfig().ar_min_fill  # a block keeps the model's own
+    assert ends.config.ar_min_fill == 0.0  # the budget is a ceiling: one line of code may end the block
+    several_gaps = suggestion_endings("def f(x):\n", "\n\nprint(f(1))\n", SamplerConfig(mode="ar"), one_gap=False)
+    assert several_gaps.config.ar_min_fill == SamplerConfig().ar_min_fill  # a websocket-like layout keeps its own
     typed = suggestion_endings("def f(x):\n    y = x", "\n", SamplerConfig(mode="ar"), n_indent=4)
     assert typed.config.ar_first_newline is False and typed.config.ar_min_fill == 0.0
     assert typed.cut is not None and typed.cut(" + 1\n    return y") == len(" + 1")
@@ -151,6 +153,24 @@ def test_a_copy_of_a_line_that_follows_is_known() -> None:
     assert not copies_after(" as self-employed.", after)
     assert not copies_after(" age", after)  # too short to call a copy
     assert not copies_after(" I am still young.\nMore", after)  # every line must be a copy
+
+
+def test_a_copy_that_differs_only_by_case_and_trailing_punctuation_is_a_copy() -> None:
+    """Real suggestions of the default build at llama.vim's request (`dcanvas eval --task clients`, issue 51): a
+    sentence the suggestion ends where the copied line goes on is still that line's copy; common wording is not."""
+    after = "\n\nWhat is your age\nI am still young by your standards.\n"
+    for text in (" I am still young.", "I AM STILL YOUNG!", " i am still young by your standards"):
+        assert copies_after(text, after) and not sensible(text, "Who is your boss\nI like to think of myself ", after)
+    forever = "\nYes.\n\nWill you die\nNo, software will live forever.\n\nWill you ever die\nNo, I am immortal."
+    assert copies_after(" will live forever.", forever) and copies_after(" Software will live forever!", forever)
+    for text in (" as self-employed.",  # the human rest of the line
+                 " young at heart.", " by your leave, sir.",  # a word or two in common
+                 " still young, by all means.", " I am still youngish.",  # a longer phrase, a longer word
+                 " I am still young.\nAnd so are you."):  # one line of two
+        assert not copies_after(text, after), text
+    council = "\nThe city council met on Monday to vote on the budget.\n"
+    for text in (" the city council voted.", " and the council.", " a vote on Monday."):
+        assert not copies_after(text, council) and sensible(text, "He said the city would pay for ", council), text
 
 
 def test_the_deadline_ends_a_choice_at_its_first_draft_past_the_limit() -> None:

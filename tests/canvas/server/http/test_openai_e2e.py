@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,8 +20,11 @@ import httpx
 import openai
 import pytest
 
+from canvas.bench.http import Server as Process
+from canvas.bench.http import ours_command
 from canvas.engine.backend import write_tiny_checkpoint
 from canvas.server.http.llama_infill import indent_rule
+from canvas.soak.server import free_port
 
 pytestmark = pytest.mark.timeout(180)
 TOKEN = "e2e-token-0123456789abcdef"
@@ -57,29 +57,16 @@ LLAMA_VIM_FIM = {
 
 
 class Server:
+    """`dcanvas serve` with the token, on a free loopback port (`canvas.bench.http.Server` starts it)."""
+
     def __init__(self, model: Path, tmp: Path) -> None:
         self.model = model
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "canvas.cli", "serve", "--port", str(self.port), "--model", str(model),
-               "--db", str(tmp / "docs.db"), "--token", TOKEN, "--log-level", "warning"]  # fmt: skip
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-        self.log = open(tmp / "server.log", "w+")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"dcanvas serve exited: {self.log.read()}")
-            try:
-                self.health()
-                return
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError("dcanvas serve did not come up")
+        self.proc = Process("dcanvas serve", ours_command(model, self.port, tmp / "docs.db", token=TOKEN), self.url,
+                            tmp / "server.log", env)
+        self.proc.wait_ready(120)
 
     def health(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
@@ -89,14 +76,7 @@ class Server:
         return self.health()["http_generations"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        self.proc.close()
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +263,7 @@ def test_infill_with_the_request_llama_vim_sends(server: Server) -> None:
     # llama.vim's own checks before it decodes the reply, then the keys it reads.
     assert raw.lstrip().startswith("{") and '"content":"' in raw
     body = r.json()
-    assert set(body) == set(LLAMA_VIM_FIM["response_fields"])  # type: ignore[arg-type]
+    assert set(body) == set(LLAMA_VIM_FIM["response_fields"])  # type: ignore[call-overload]
     assert isinstance(body["content"], str) and body["truncated"] is False
     assert 0 <= body["tokens_cached"] <= body["timings/prompt_n"]  # a context encoded lately is reused
     assert 0 < body["timings/predicted_n"] <= 24 and body["timings/prompt_n"] > 10  # the gap: 3/4 of 32 slots

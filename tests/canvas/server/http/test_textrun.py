@@ -8,7 +8,8 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -16,8 +17,9 @@ from canvas.engine.backend import Backend, load_backend, write_tiny_checkpoint
 from canvas.engine.core import Done, Frame, GenHandle, GenRequest
 from canvas.engine.types import Drafts
 from canvas.sampling.sampler import Mode, SamplerConfig
+from canvas.server.http.core import HttpApi
 from canvas.server.http.endings import suggestion_endings
-from canvas.server.http.llama_infill import _timings
+from canvas.server.http.llama_infill import InfillRequest, _result, _timings
 from canvas.server.http.textgen import Plan, TextReader, TextTask, plan
 from canvas.server.http.textrun import Draft, Event, Finish, TextRun
 
@@ -97,7 +99,7 @@ def _scripted(backend: Backend) -> tuple[TextTask, Plan]:
 
 
 def _drafts_frame(backend: Backend, p: Plan, lanes: list[str], scores: list[float], lead: int, *, elapsed: float = 0.01,
-                  prompt_s: float = 0.0, cached: int = 0) -> Frame:
+                  prompt_s: float = 0.0, cached: int = 0, fim: tuple[int, int, float] = (0, 0, 0.0)) -> Frame:
     """A frame as the engine draws an AR infill's drafts: the leading one's tokens written in the gap, the rest of
     the gap unwritten (its noise), every draft's tokens and log-probabilities beside it."""
     enc = backend.tokenizer.encode
@@ -110,7 +112,8 @@ def _drafts_frame(backend: Backend, p: Plan, lanes: list[str], scores: list[floa
     logp = tuple(tuple([sc] * len(lane)) for sc, lane in zip(scores, ids, strict=True))
     n = len(canvas)
     return Frame(1, 0, 3, n, tuple(canvas), (False,) * n, (0.0,) * n, elapsed,
-                 Drafts(start, end, tuple(map(tuple, ids)), lead, logp=logp), tuple(written), cached, prompt_s)
+                 Drafts(start, end, tuple(map(tuple, ids)), lead, logp=logp), tuple(written), cached, prompt_s,
+                 fim_prompt_tokens=fim[0], fim_cached_tokens=fim[1], fim_prompt_s=fim[2])
 
 
 async def _settled(backend: Backend, task: TextTask, p: Plan, frames: list[Frame], pause_s: float = 0.0) -> Finish:
@@ -165,3 +168,25 @@ def test_the_prompt_time_counts_the_prefill_before_the_first_draft_and_a_deferre
     assert timings["prompt_ms"] == pytest.approx(71, abs=0.01)
     assert timings["predicted_ms"] == pytest.approx((finish.wall_s - 0.07) * 1000, abs=0.01)
     assert timings["prompt_n"] == p.prompt_tokens
+
+
+def test_a_fim_prompt_is_the_prompt_llama_timings_report(backend: Backend) -> None:
+    """Frames that report the FIM prompt's prefill (its tokens, those the cache restored, its seconds): llama.cpp's
+    `prompt_n` is the tokens encoded, `tokens_evaluated` the whole FIM prompt, `tokens_cached` the restored ones,
+    `prompt_ms` the prefill alone (not the time to the first frame, nor the plain context's lookup or its later
+    encode), and `predicted_ms` the rest of the row's time."""
+    task, p = _scripted(backend)
+    lanes = [" a body I own", " shape, a"]
+    fim = (300, 280, 0.012)
+    first = _drafts_frame(backend, p, lanes, [-0.5, -0.9], 0, elapsed=0.05, prompt_s=0.001, cached=1, fim=fim)
+    later = _drafts_frame(backend, p, lanes, [-0.5, -0.9], 0, elapsed=0.15, prompt_s=0.021, cached=7, fim=fim)
+    finish = asyncio.run(asyncio.wait_for(_settled(backend, task, p, [first, later], pause_s=0.1), 20))
+    assert (finish.fim_tokens, finish.cached_tokens) == (300, 280)
+    assert finish.prompt_s == pytest.approx(0.012) and finish.prefill_s == pytest.approx(0.012)
+    timings = _timings(p, finish)
+    assert timings["prompt_n"] == 20 and timings["prompt_ms"] == pytest.approx(12, abs=0.01)
+    assert timings["prompt_per_token_ms"] == pytest.approx(0.6, abs=0.01)
+    assert timings["predicted_ms"] == pytest.approx((finish.wall_s - 0.012) * 1000, abs=0.01)
+    api = cast(HttpApi, SimpleNamespace(backend=backend))  # `_result` reads only the backend's name
+    body = _result(api, InfillRequest(input_prefix=_BEFORE, input_suffix=_AFTER), task, p, finish)
+    assert (body["tokens_evaluated"], body["tokens_cached"], body["timings"]) == (300, 280, timings)
