@@ -160,7 +160,8 @@ def deadline_end(reader: TextReader, task: TextTask, frame: Frame, *, fim_end: i
         return None
     typed = task.config.ar_lead
     after = task.suffix or ""
-    found: list[tuple[EarlyEnd, str, float, bool, bool]] = []  # (commit, client text, score, ended, worth showing)
+    commits: list[EarlyEnd] = []
+    ends: list[LaneEnd] = []  # as the client would get each; `whole`: ended on its own and worth showing
     for k, (end, own, pieces, natural) in enumerate(_lanes(task, drafts, fim_end, token_text)):
         if natural and null_id is None:  # nothing to pad its gap with: read it as cut where it stands
             natural = False
@@ -171,12 +172,11 @@ def deadline_end(reader: TextReader, task: TextTask, frame: Frame, *, fim_end: i
         if probe.reason == "time":
             shown = trim_tail(shown)
         score = _score(drafts.logp[k] if drafts.logp else None, pieces, probe.text, natural)
-        found.append((commit, shown, score, ended, sensible(shown, task.prompt, after)))
-    counts = Counter(f[1] for f in found)
-    whole = [i for i, f in enumerate(found) if f[3] and f[4]]
-    if not whole:
+        commits.append(commit)
+        ends.append(LaneEnd(shown, own, natural, score, ended and sensible(shown, task.prompt, after)))
+    if not any(e.whole for e in ends):
         return None
-    return found[max(whole, key=lambda i: (found[i][2], counts[found[i][1]], i == drafts.lead))][0]
+    return commits[choose(ends, drafts.lead)]
 
 
 def fim_end_id(token_id: Callable[[str], int | None]) -> int | None:
